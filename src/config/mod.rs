@@ -1,0 +1,623 @@
+//! The pool configuration: the YAML model, its defaults, and validation.
+//!
+//! A file is read into a [`yaml::Node`] tree and then checked field by field into a [`Pool`].
+//! Every error names the file, the line and column, and the field path
+//! (`pool.yaml:14:9: services[0].backends[2].weight: expected an integer 0..=1000`).
+//! A [`Pool`] that comes out of here is fully valid: tables can be built from it without
+//! further checks, and nothing downstream reads the YAML again.
+
+pub mod yaml;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use yaml::{Node, Seg};
+
+/// Default destination-table size: a prime, so it suits both algorithms.
+pub const DEFAULT_SLOTS: u32 = 65537;
+/// Largest destination table a service may ask for.
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// Default number of ring tokens per unit of weight (seed 000).
+pub const DEFAULT_VNODES_PER_WEIGHT: u32 = 150;
+pub const MAX_VNODES_PER_WEIGHT: u32 = 10_000;
+pub const MAX_WEIGHT: u32 = 1000;
+/// Largest number of backends in one service.
+pub const MAX_BACKENDS_PER_SERVICE: usize = 16_384;
+/// Largest number of backends in one file (the data plane's backend map holds them all).
+pub const MAX_BACKENDS_TOTAL: usize = 65_536;
+/// Largest number of services in one file.
+pub const MAX_SERVICES: usize = 1024;
+/// Largest ring one service may build: each token is 16 bytes while the table is computed, so
+/// this bounds that transient memory to 64 MiB.
+pub const MAX_RING_TOKENS: u64 = 1 << 22;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    Ring,
+    Maglev,
+}
+
+impl Algorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Maglev => "maglev",
+        }
+    }
+}
+
+/// Which packet fields pick the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HashMode {
+    /// Source address only: every connection of a client lands on the same backend.
+    ClientIp,
+    /// The 5-tuple.
+    Flow,
+}
+
+impl HashMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HashMode::ClientIp => "client-ip",
+            HashMode::Flow => "flow",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backend {
+    pub address: IpAddr,
+    pub name: Option<String>,
+    pub weight: u32,
+}
+
+impl Backend {
+    /// The stable identity that the table algorithms hash: the name if set, else the canonical
+    /// text of the address (IPv6 in RFC 5952 form, which is what `Ipv6Addr`'s Display prints).
+    pub fn identity(&self) -> String {
+        match &self.name {
+            Some(n) => n.clone(),
+            None => self.address.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Service {
+    pub name: String,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub algorithm: Algorithm,
+    pub slots: u32,
+    pub vnodes_per_weight: u32,
+    pub hash: HashMode,
+    pub backends: Vec<Backend>,
+}
+
+impl Service {
+    pub fn total_weight(&self) -> u64 {
+        self.backends.iter().map(|b| b.weight as u64).sum()
+    }
+
+    /// `10.99.0.100:80/tcp`, or `[fd00::1]:80/tcp`.
+    pub fn endpoint(&self) -> String {
+        match self.vip {
+            IpAddr::V4(a) => format!("{a}:{}/{}", self.port, self.protocol.as_str()),
+            IpAddr::V6(a) => format!("[{a}]:{}/{}", self.port, self.protocol.as_str()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Pool {
+    pub services: Vec<Service>,
+}
+
+impl Pool {
+    pub fn service(&self, name: &str) -> Option<&Service> {
+        self.services.iter().find(|s| s.name == name)
+    }
+}
+
+/// A configuration error, with as much of its position as is known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    /// The field path, such as `services[0].backends[2].weight`; empty for whole-file errors.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(col) = self.column {
+                write!(f, ":{col}")?;
+            }
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads and validates a pool file.
+pub fn load(path: &Path) -> Result<Pool, ConfigError> {
+    let whole = |message: String| ConfigError {
+        file: path.to_path_buf(),
+        line: None,
+        column: None,
+        field: String::new(),
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| whole(io_message(&e)))?;
+    if meta.is_dir() {
+        return Err(whole("is a directory, expected a YAML file".to_string()));
+    }
+    let bytes = std::fs::read(path).map_err(|e| whole(io_message(&e)))?;
+    parse_bytes(path, &bytes)
+}
+
+fn io_message(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => format!("cannot read: {e}"),
+    }
+}
+
+/// Validates file contents; `path` is only used in error messages.
+pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
+    let whole = |line: Option<usize>, column: Option<usize>, message: String| ConfigError {
+        file: path.to_path_buf(),
+        line,
+        column,
+        field: String::new(),
+        message,
+    };
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let before = &bytes[..e.valid_up_to()];
+            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+            let column = before.len() - before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1) + 1;
+            return Err(whole(Some(line), Some(column), "the file is not valid UTF-8".to_string()));
+        }
+    };
+    if text.trim().is_empty() || text.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
+        return Err(whole(None, None, "the file is empty; expected a mapping with a `services` list".to_string()));
+    }
+    let doc = yaml::parse(text).map_err(|e| whole(e.line, e.column, format!("invalid YAML: {}", e.message)))?;
+    Validator { file: path, doc: &doc }.pool()
+}
+
+/// Validates a string (handy for tests and for error messages about in-memory text).
+pub fn parse_str(name: &str, text: &str) -> Result<Pool, ConfigError> {
+    parse_bytes(Path::new(name), text.as_bytes())
+}
+
+/// A field path under construction, printed as `services[0].backends[2].weight`.
+#[derive(Clone, Default)]
+struct FieldPath(Vec<Seg>);
+
+impl FieldPath {
+    fn key(&self, k: &str) -> FieldPath {
+        let mut p = self.0.clone();
+        p.push(Seg::Key(k.to_string()));
+        FieldPath(p)
+    }
+    fn index(&self, i: usize) -> FieldPath {
+        let mut p = self.0.clone();
+        p.push(Seg::Index(i));
+        FieldPath(p)
+    }
+    fn key_at(&self, i: usize) -> FieldPath {
+        let mut p = self.0.clone();
+        p.push(Seg::KeyAt(i));
+        FieldPath(p)
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let mut first = true;
+        for seg in &self.0 {
+            match seg {
+                Seg::Key(k) => {
+                    if !first {
+                        f.write_str(".")?;
+                    }
+                    f.write_str(k)?;
+                }
+                Seg::Index(i) => write!(f, "[{i}]")?,
+                // Errors about a key name the key itself, which Display shows via the caller.
+                Seg::KeyAt(_) => {}
+            }
+            first = false;
+        }
+        Ok(())
+    }
+}
+
+struct Validator<'a> {
+    file: &'a Path,
+    doc: &'a yaml::Document<'a>,
+}
+
+type Fields<'n> = &'n [(String, Node)];
+
+impl Validator<'_> {
+    fn err(&self, at: &FieldPath, message: impl Into<String>) -> ConfigError {
+        let pos = self.doc.locate(&at.0);
+        ConfigError {
+            file: self.file.to_path_buf(),
+            line: pos.map(|p| p.0),
+            column: pos.map(|p| p.1),
+            field: at.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Checks that `node` is a mapping with only `allowed` keys, and returns its entries.
+    fn mapping<'n>(&self, node: &'n Node, at: &FieldPath, allowed: &[&str]) -> Result<Fields<'n>, ConfigError> {
+        let Node::Map(entries) = node else {
+            return Err(self.err(at, format!("expected a mapping, found {}", node.kind())));
+        };
+        for (i, (k, _)) in entries.iter().enumerate() {
+            if !allowed.contains(&k.as_str()) {
+                let shown = at.key(k);
+                let pos = self.doc.locate(&at.key_at(i).0);
+                return Err(ConfigError {
+                    file: self.file.to_path_buf(),
+                    line: pos.map(|p| p.0),
+                    column: pos.map(|p| p.1),
+                    field: shown.to_string(),
+                    message: format!("unknown key `{k}`; expected one of: {}", allowed.join(", ")),
+                });
+            }
+        }
+        Ok(entries)
+    }
+
+    fn get<'n>(fields: Fields<'n>, key: &str) -> Option<&'n Node> {
+        fields.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    fn required<'n>(&self, fields: Fields<'n>, at: &FieldPath, key: &str) -> Result<&'n Node, ConfigError> {
+        Self::get(fields, key).ok_or_else(|| self.err(at, format!("missing required key `{key}`")))
+    }
+
+    fn string<'n>(&self, node: &'n Node, at: &FieldPath, what: &str) -> Result<&'n str, ConfigError> {
+        match node {
+            Node::Str(s) => Ok(s),
+            other => Err(self.err(at, format!("expected {what}, found {}", other.kind()))),
+        }
+    }
+
+    fn integer(&self, node: &Node, at: &FieldPath, lo: u32, hi: u32) -> Result<u32, ConfigError> {
+        let msg = || format!("expected an integer {lo}..={hi}");
+        match node {
+            Node::Int(i) if (lo as i128..=hi as i128).contains(i) => Ok(*i as u32),
+            Node::Int(i) => Err(self.err(at, format!("{}, found {i}", msg()))),
+            other => Err(self.err(at, format!("{}, found {}", msg(), other.kind()))),
+        }
+    }
+
+    fn choice<T: Copy>(&self, node: &Node, at: &FieldPath, options: &[(&str, T)]) -> Result<T, ConfigError> {
+        let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+        let expected = names.join(" | ");
+        let s = self.string(node, at, &format!("one of {expected}"))?;
+        options
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| self.err(at, format!("expected one of {expected}, found `{s}`")))
+    }
+
+    fn address(&self, node: &Node, at: &FieldPath) -> Result<IpAddr, ConfigError> {
+        let s = self.string(node, at, "an IPv4 or IPv6 address")?;
+        let addr: IpAddr = s
+            .trim()
+            .parse()
+            .map_err(|_| self.err(at, format!("`{s}` is not an IPv4 or IPv6 address")))?;
+        if let Some(why) = not_unicast(addr) {
+            return Err(self.err(at, format!("{addr} is {why}; expected a unicast address")));
+        }
+        Ok(addr)
+    }
+
+    fn pool(&self) -> Result<Pool, ConfigError> {
+        let root = FieldPath::default();
+        let fields = self.mapping(&self.doc.root, &root, &["services"])?;
+        let services_path = root.key("services");
+        let list = match Self::get(fields, "services") {
+            None => return Err(self.err(&root, "missing required key `services`")),
+            Some(Node::Null) => &[][..],
+            Some(Node::Seq(items)) => &items[..],
+            Some(other) => return Err(self.err(&services_path, format!("expected a list of services, found {}", other.kind()))),
+        };
+        if list.len() > MAX_SERVICES {
+            return Err(self.err(&services_path, format!("{} services; at most {MAX_SERVICES} are supported", list.len())));
+        }
+
+        let mut services: Vec<Service> = Vec::with_capacity(list.len());
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut endpoints: HashMap<(IpAddr, u16, Protocol), usize> = HashMap::new();
+        let mut total_backends = 0usize;
+        for (i, node) in list.iter().enumerate() {
+            let at = services_path.index(i);
+            let svc = self.service(node, &at)?;
+            if let Some(prev) = names.insert(svc.name.clone(), i) {
+                return Err(self.err(
+                    &at.key("name"),
+                    format!("duplicate service name `{}` (also services[{prev}])", svc.name),
+                ));
+            }
+            if let Some(prev) = endpoints.insert((svc.vip, svc.port, svc.protocol), i) {
+                return Err(self.err(
+                    &at.key("vip"),
+                    format!("{} is already served by services[{prev}] (`{}`)", svc.endpoint(), services[prev].name),
+                ));
+            }
+            total_backends += svc.backends.len();
+            if total_backends > MAX_BACKENDS_TOTAL {
+                return Err(self.err(
+                    &at.key("backends"),
+                    format!("the file has more than {MAX_BACKENDS_TOTAL} backends in all"),
+                ));
+            }
+            services.push(svc);
+        }
+        Ok(Pool { services })
+    }
+
+    fn service(&self, node: &Node, at: &FieldPath) -> Result<Service, ConfigError> {
+        const KEYS: &[&str] =
+            &["name", "vip", "port", "protocol", "algorithm", "slots", "vnodes_per_weight", "hash", "backends"];
+        let f = self.mapping(node, at, KEYS)?;
+
+        let name_at = at.key("name");
+        let name = self.string(self.required(f, at, "name")?, &name_at, "a service name")?;
+        if !valid_service_name(name) {
+            return Err(self.err(
+                &name_at,
+                format!("`{name}` is not a valid service name: use 1..=63 characters from A-Z a-z 0-9 . _ -"),
+            ));
+        }
+        let vip = self.address(self.required(f, at, "vip")?, &at.key("vip"))?;
+        let port = self.integer(self.required(f, at, "port")?, &at.key("port"), 1, 65535)? as u16;
+        let protocol = match Self::get(f, "protocol") {
+            None => Protocol::Tcp,
+            Some(n) => self.choice(n, &at.key("protocol"), &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)])?,
+        };
+        let algorithm = match Self::get(f, "algorithm") {
+            None => Algorithm::Ring,
+            Some(n) => self.choice(n, &at.key("algorithm"), &[("ring", Algorithm::Ring), ("maglev", Algorithm::Maglev)])?,
+        };
+        let slots = match Self::get(f, "slots") {
+            None => DEFAULT_SLOTS,
+            Some(n) => self.integer(n, &at.key("slots"), 1, MAX_SLOTS)?,
+        };
+        if algorithm == Algorithm::Maglev && !is_prime(slots) {
+            return Err(self.err(
+                &at.key("slots"),
+                format!("maglev needs a prime table size, and {slots} is not prime (nearby primes: {})", nearby_primes(slots)),
+            ));
+        }
+        let vnodes_per_weight = match Self::get(f, "vnodes_per_weight") {
+            None => DEFAULT_VNODES_PER_WEIGHT,
+            Some(_) if algorithm == Algorithm::Maglev => {
+                return Err(self.err(&at.key("vnodes_per_weight"), "applies to `algorithm: ring` only"));
+            }
+            Some(n) => self.integer(n, &at.key("vnodes_per_weight"), 1, MAX_VNODES_PER_WEIGHT)?,
+        };
+        let hash = match Self::get(f, "hash") {
+            None => HashMode::ClientIp,
+            Some(n) => self.choice(n, &at.key("hash"), &[("client-ip", HashMode::ClientIp), ("flow", HashMode::Flow)])?,
+        };
+
+        let backends_at = at.key("backends");
+        let list = match self.required(f, at, "backends")? {
+            Node::Null => &[][..],
+            Node::Seq(items) => &items[..],
+            other => return Err(self.err(&backends_at, format!("expected a list of backends, found {}", other.kind()))),
+        };
+        if list.len() > MAX_BACKENDS_PER_SERVICE {
+            return Err(self.err(
+                &backends_at,
+                format!("{} backends; at most {MAX_BACKENDS_PER_SERVICE} per service are supported", list.len()),
+            ));
+        }
+        let mut backends = Vec::with_capacity(list.len());
+        let mut identities: HashMap<String, usize> = HashMap::new();
+        let mut addresses: HashSet<IpAddr> = HashSet::new();
+        for (j, bnode) in list.iter().enumerate() {
+            let bat = backends_at.index(j);
+            let b = self.backend(bnode, &bat)?;
+            if b.address.is_ipv4() != vip.is_ipv4() {
+                let fam = |a: IpAddr| if a.is_ipv4() { "IPv4" } else { "IPv6" };
+                return Err(self.err(
+                    &bat.key("address"),
+                    format!("{} is {} but the service's vip {vip} is {}", b.address, fam(b.address), fam(vip)),
+                ));
+            }
+            if !addresses.insert(b.address) {
+                return Err(self.err(&bat.key("address"), format!("duplicate backend address {}", b.address)));
+            }
+            let identity = b.identity();
+            if let Some(prev) = identities.insert(identity.clone(), j) {
+                let field = if b.name.is_some() { "name" } else { "address" };
+                return Err(self.err(
+                    &bat.key(field),
+                    format!("duplicate backend identity `{identity}` (also backends[{prev}])"),
+                ));
+            }
+            backends.push(b);
+        }
+
+        let svc = Service { name: name.to_string(), vip, port, protocol, algorithm, slots, vnodes_per_weight, hash, backends };
+        if algorithm == Algorithm::Ring {
+            let tokens = svc.total_weight() * vnodes_per_weight as u64;
+            if tokens > MAX_RING_TOKENS {
+                return Err(self.err(
+                    &backends_at,
+                    format!(
+                        "the ring would have {tokens} tokens (total weight {} x vnodes_per_weight {vnodes_per_weight}); \
+                         the limit is {MAX_RING_TOKENS}: lower the weights or vnodes_per_weight",
+                        svc.total_weight()
+                    ),
+                ));
+            }
+        }
+        Ok(svc)
+    }
+
+    fn backend(&self, node: &Node, at: &FieldPath) -> Result<Backend, ConfigError> {
+        // A bare address is a handy shorthand: `- 10.0.0.1`.
+        if let Node::Str(_) = node {
+            return Ok(Backend { address: self.address(node, at)?, name: None, weight: 1 });
+        }
+        let f = self.mapping(node, at, &["address", "name", "weight"])?;
+        let address = self.address(self.required(f, at, "address")?, &at.key("address"))?;
+        let name = match Self::get(f, "name") {
+            None => None,
+            Some(n) => {
+                let name_at = at.key("name");
+                let s = self.string(n, &name_at, "a backend name")?;
+                if s.is_empty() || s.len() > 255 || s.chars().any(|c| c.is_control()) {
+                    return Err(self.err(&name_at, "expected a name of 1..=255 bytes without control characters"));
+                }
+                Some(s.to_string())
+            }
+        };
+        let weight = match Self::get(f, "weight") {
+            None => 1,
+            Some(n) => self.integer(n, &at.key("weight"), 0, MAX_WEIGHT)?,
+        };
+        Ok(Backend { address, name, weight })
+    }
+}
+
+fn valid_service_name(name: &str) -> bool {
+    (1..=63).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// Why an address cannot be a VIP or a backend, if it cannot.
+fn not_unicast(addr: IpAddr) -> Option<&'static str> {
+    match addr {
+        IpAddr::V4(a) if a.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        IpAddr::V4(a) if a.is_multicast() => Some("a multicast address"),
+        IpAddr::V4(a) if a.octets()[0] == 0 => Some("in 0.0.0.0/8 (\"this network\")"),
+        IpAddr::V6(a) if a.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V6(a) if a.is_multicast() => Some("a multicast address"),
+        IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some("an IPv4-mapped IPv6 address (write the IPv4 form)"),
+        _ => None,
+    }
+}
+
+pub fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    if n % 2 == 0 {
+        return n == 2;
+    }
+    let n = n as u64;
+    let mut d = 3u64;
+    while d * d <= n {
+        if n % d == 0 {
+            return false;
+        }
+        d += 2;
+    }
+    true
+}
+
+fn nearby_primes(n: u32) -> String {
+    let below = (2..n).rev().find(|&k| is_prime(k));
+    let above = (n + 1..=MAX_SLOTS).find(|&k| is_prime(k));
+    match (below, above) {
+        (Some(b), Some(a)) => format!("{b}, {a}"),
+        (Some(b), None) => b.to_string(),
+        (None, Some(a)) => a.to_string(),
+        (None, None) => "none".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn primes() {
+        let small: Vec<u32> = (0..30).filter(|&n| is_prime(n)).collect();
+        assert_eq!(small, [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]);
+        assert!(is_prime(65537));
+        assert!(!is_prime(65536));
+        assert!(is_prime(1_048_573));
+        assert_eq!(nearby_primes(65536), "65521, 65537");
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let pool = parse_str(
+            "t.yaml",
+            "services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    backends:\n      - address: 10.99.0.11\n",
+        )
+        .unwrap();
+        let s = &pool.services[0];
+        assert_eq!(s.protocol, Protocol::Tcp);
+        assert_eq!(s.algorithm, Algorithm::Ring);
+        assert_eq!(s.slots, DEFAULT_SLOTS);
+        assert_eq!(s.vnodes_per_weight, DEFAULT_VNODES_PER_WEIGHT);
+        assert_eq!(s.hash, HashMode::ClientIp);
+        assert_eq!(s.backends[0].weight, 1);
+        assert_eq!(s.backends[0].identity(), "10.99.0.11");
+    }
+
+    #[test]
+    fn ipv6_identity_is_rfc5952() {
+        let pool = parse_str(
+            "t.yaml",
+            "services:\n  - name: v6\n    vip: 'fd00:0:0:0::100'\n    port: 443\n    backends: ['FD00:0000::0B']\n",
+        )
+        .unwrap();
+        assert_eq!(pool.services[0].backends[0].identity(), "fd00::b");
+    }
+
+    #[test]
+    fn error_display_names_file_line_column_and_field() {
+        let e = parse_str(
+            "pool.yaml",
+            "services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    backends:\n      - address: 10.0.0.1\n        weight: 1001\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "pool.yaml:7:17: services[0].backends[0].weight: expected an integer 0..=1000, found 1001");
+    }
+}

@@ -1,0 +1,126 @@
+//! `lb`: command-line entry point. Raw flags become a validated plan here, once; nothing
+//! downstream reads flags or YAML again.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use lb::config::{self, Pool, Service};
+use lb::{diff, report, table};
+
+#[derive(Parser)]
+#[command(name = "lb", version, about = "An XDP Layer-4 load balancer with consistent-hash destination tables")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a pool file and print one line per service.
+    Check {
+        /// The pool YAML file.
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Build each service's destination table and show how it shares the slots.
+    Table {
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: PathBuf,
+        /// Only this service.
+        #[arg(long, short = 's', value_name = "NAME")]
+        service: Option<String>,
+        /// Print JSON, including every slot's owner.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show which slots a change from OLD to NEW would move, before applying it.
+    Diff {
+        #[arg(value_name = "OLD")]
+        old: PathBuf,
+        #[arg(value_name = "NEW")]
+        new: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        // A closed pipe (`lb table --json | head`) is the reader's choice, not an error.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lb: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>().is_some_and(|j| j.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+    })
+}
+
+fn load(path: &Path) -> Result<Pool> {
+    // The ConfigError already names file, line, column and field.
+    config::load(path).map_err(anyhow::Error::new)
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Check { config } => {
+            let pool = load(&config)?;
+            for s in &pool.services {
+                writeln!(out, "{}", report::service_summary(s))?;
+            }
+            writeln!(out, "{}: ok, {} service(s)", config.display(), pool.services.len())?;
+        }
+        Command::Table { config, service, json } => {
+            let pool = load(&config)?;
+            let selected: Vec<&Service> = match &service {
+                Some(name) => match pool.service(name) {
+                    Some(s) => vec![s],
+                    None => {
+                        let names: Vec<&str> = pool.services.iter().map(|s| s.name.as_str()).collect();
+                        bail!("{}: no service named `{name}` (services: {})", config.display(), names.join(", "));
+                    }
+                },
+                None => pool.services.iter().collect(),
+            };
+            if json {
+                let services: Vec<serde_json::Value> =
+                    selected.iter().map(|s| report::table_json(s, &table::build_service(s))).collect();
+                serde_json::to_writer(&mut out, &serde_json::json!({ "services": services }))
+                    .context("writing JSON")?;
+                writeln!(out)?;
+            } else {
+                for (i, s) in selected.iter().enumerate() {
+                    if i > 0 {
+                        writeln!(out)?;
+                    }
+                    write!(out, "{}", report::table_text(s, &table::build_service(s)))?;
+                }
+            }
+        }
+        Command::Diff { old, new, json } => {
+            let (a, b) = (load(&old)?, load(&new)?);
+            let diffs = diff::diff(&a, &b);
+            if json {
+                serde_json::to_writer(&mut out, &report::diff_json(&diffs)).context("writing JSON")?;
+                writeln!(out)?;
+            } else {
+                write!(out, "{}", report::diff_text(&diffs))?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

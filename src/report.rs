@@ -1,0 +1,189 @@
+//! What `lb check`, `lb table` and `lb diff` print, as text for people and JSON for programs.
+
+use std::fmt::Write;
+
+use serde_json::{json, Value};
+
+use crate::config::{Algorithm, Service};
+use crate::diff::{Change, ServiceDiff};
+use crate::table::{shares, Table};
+
+/// One line describing a validated service.
+pub fn service_summary(s: &Service) -> String {
+    let live = s.backends.iter().filter(|b| b.weight > 0).count();
+    let mut line = format!(
+        "{}: {} {} slots={} hash={} backends={} (with weight: {}, total weight {})",
+        s.name,
+        s.endpoint(),
+        s.algorithm.as_str(),
+        s.slots,
+        s.hash.as_str(),
+        s.backends.len(),
+        live,
+        s.total_weight()
+    );
+    if s.algorithm == Algorithm::Ring {
+        let _ = write!(line, " vnodes_per_weight={}", s.vnodes_per_weight);
+    }
+    if live == 0 {
+        line.push_str(" [empty table: traffic to this service is dropped]");
+    }
+    line
+}
+
+fn percent(x: f64) -> String {
+    format!("{:.3}%", x * 100.0)
+}
+
+/// The per-backend table of `lb table`.
+pub fn table_text(s: &Service, table: &Table) -> String {
+    let shares = shares(s, table);
+    let rows: Vec<[String; 6]> = s
+        .backends
+        .iter()
+        .zip(&shares)
+        .map(|(b, sh)| {
+            let who = match &b.name {
+                Some(n) => format!("{n} ({})", b.address),
+                None => b.address.to_string(),
+            };
+            let dev = match sh.deviation() {
+                Some(d) => format!("{:+.3}%", d * 100.0),
+                None => "-".to_string(),
+            };
+            [who, b.weight.to_string(), sh.slots.to_string(), percent(sh.share), percent(sh.ideal), dev]
+        })
+        .collect();
+    let header = ["backend", "weight", "slots", "share", "ideal", "deviation"];
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", service_summary(s));
+    let line = |out: &mut String, cells: [&str; 6]| {
+        let _ = write!(out, "  {:<w$}", cells[0], w = widths[0]);
+        for (cell, w) in cells[1..].iter().zip(&widths[1..]) {
+            let _ = write!(out, "  {:>w$}", cell, w = *w);
+        }
+        out.push('\n');
+    };
+    line(&mut out, header);
+    for r in &rows {
+        line(&mut out, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]);
+    }
+    let empty = table.owners().iter().filter(|&&o| o == crate::table::EMPTY).count();
+    if empty > 0 {
+        let _ = writeln!(out, "  empty slots: {empty} of {}", table.len());
+    }
+    out
+}
+
+/// One service of `lb table --json`.
+pub fn table_json(s: &Service, table: &Table) -> Value {
+    let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
+    let shares = shares(s, table);
+    let backends: Vec<Value> = s
+        .backends
+        .iter()
+        .zip(&ids)
+        .zip(&shares)
+        .map(|((b, id), sh)| {
+            json!({
+                "identity": id,
+                "address": b.address.to_string(),
+                "weight": b.weight,
+                "slots": sh.slots,
+                "share": sh.share,
+                "ideal_share": sh.ideal,
+            })
+        })
+        .collect();
+    let entries: Vec<Value> = (0..table.len())
+        .map(|i| match table.owner(i) {
+            Some(o) => Value::String(ids[o].clone()),
+            None => Value::Null,
+        })
+        .collect();
+    json!({
+        "name": s.name,
+        "vip": s.vip.to_string(),
+        "port": s.port,
+        "protocol": s.protocol.as_str(),
+        "hash": s.hash.as_str(),
+        "algorithm": s.algorithm.as_str(),
+        "slots": s.slots,
+        "backends": backends,
+        "table": entries,
+    })
+}
+
+fn owner_name(o: &Option<String>) -> &str {
+    o.as_deref().unwrap_or("(empty)")
+}
+
+/// The human-readable report of `lb diff`.
+pub fn diff_text(diffs: &[ServiceDiff]) -> String {
+    let mut out = String::new();
+    if diffs.is_empty() {
+        out.push_str("no services in either file\n");
+    }
+    for d in diffs {
+        match d.change {
+            Change::Added | Change::Removed => {
+                let _ = writeln!(out, "{}: {}", d.name, d.notes.join("; "));
+                continue;
+            }
+            Change::Unchanged => {
+                let _ = writeln!(out, "{}: unchanged", d.name);
+                continue;
+            }
+            Change::Changed => {}
+        }
+        let unit = if d.sampled { "sampled flows" } else { "slots" };
+        let _ = writeln!(
+            out,
+            "{}: {} of {} {} change owner ({}); unavoidable minimum {}",
+            d.name,
+            d.moved,
+            d.compared,
+            unit,
+            percent(d.moved_fraction()),
+            percent(d.minimum)
+        );
+        for n in &d.notes {
+            let _ = writeln!(out, "  note: {n}");
+        }
+        if !d.moves.is_empty() {
+            let _ = writeln!(out, "  moves (from -> to: {unit}):");
+            for m in &d.moves {
+                let _ = writeln!(out, "    {} -> {}: {}", owner_name(&m.from), owner_name(&m.to), m.count);
+            }
+        }
+    }
+    out
+}
+
+pub fn diff_json(diffs: &[ServiceDiff]) -> Value {
+    let services: Vec<Value> = diffs
+        .iter()
+        .map(|d| {
+            json!({
+                "name": d.name,
+                "change": d.change.as_str(),
+                "old_slots": d.old_slots,
+                "new_slots": d.new_slots,
+                "compared": d.compared,
+                "sampled": d.sampled,
+                "moved": d.moved,
+                "moved_fraction": d.moved_fraction(),
+                "minimum_fraction": d.minimum,
+                "moves": d.moves.iter().map(|m| json!({"from": m.from, "to": m.to, "count": m.count})).collect::<Vec<_>>(),
+                "notes": d.notes,
+            })
+        })
+        .collect();
+    json!({ "services": services })
+}

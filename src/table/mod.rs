@@ -1,0 +1,119 @@
+//! Destination tables: a backend pool compiled into a fixed array of slots.
+//!
+//! Both builders are pure functions of (identities, weights, table size, and for the ring the
+//! tokens per weight). They never look at the order in which backends were listed, the
+//! machine, or the time, so several load balancers given the same pool agree slot for slot.
+//! The exact algorithms are written down in README.md ("Table spec"); the code follows it.
+
+pub mod maglev;
+pub mod ring;
+
+use crate::config::{Algorithm, Service};
+
+/// The value of a slot that no backend owns.
+pub const EMPTY: u32 = u32::MAX;
+
+/// What a table builder needs to know about one backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member<'a> {
+    /// The bytes that are hashed: a backend's name, or its canonical address text.
+    pub identity: &'a str,
+    /// 0 means the backend owns no slots.
+    pub weight: u32,
+}
+
+/// A destination table: for every slot, the index (into the member list it was built from)
+/// of the backend that owns it, or [`EMPTY`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    owners: Vec<u32>,
+}
+
+impl Table {
+    pub fn from_owners(owners: Vec<u32>) -> Table {
+        Table { owners }
+    }
+
+    pub fn len(&self) -> usize {
+        self.owners.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
+    /// The member that owns `slot`, or None for an empty slot.
+    pub fn owner(&self, slot: usize) -> Option<usize> {
+        match self.owners[slot] {
+            EMPTY => None,
+            i => Some(i as usize),
+        }
+    }
+
+    pub fn owners(&self) -> &[u32] {
+        &self.owners
+    }
+
+    /// Slots owned by each of `members` members.
+    pub fn counts(&self, members: usize) -> Vec<u64> {
+        let mut counts = vec![0u64; members];
+        for &o in &self.owners {
+            if o != EMPTY {
+                counts[o as usize] += 1;
+            }
+        }
+        counts
+    }
+}
+
+/// Builds a table with the given algorithm.
+pub fn build(algorithm: Algorithm, slots: u32, vnodes_per_weight: u32, members: &[Member]) -> Table {
+    match algorithm {
+        Algorithm::Ring => ring::build(members, vnodes_per_weight, slots),
+        Algorithm::Maglev => maglev::build(members, slots),
+    }
+}
+
+/// Builds the table of a validated service. Table indices refer to `service.backends`.
+pub fn build_service(service: &Service) -> Table {
+    let identities: Vec<String> = service.backends.iter().map(|b| b.identity()).collect();
+    let members: Vec<Member> = service
+        .backends
+        .iter()
+        .zip(&identities)
+        .map(|(b, id)| Member { identity: id, weight: b.weight })
+        .collect();
+    build(service.algorithm, service.slots, service.vnodes_per_weight, &members)
+}
+
+/// Per-backend figures of a built table, as `lb table` prints them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    pub slots: u64,
+    /// slots / table size
+    pub share: f64,
+    /// weight / total weight (0 when every weight is 0)
+    pub ideal: f64,
+}
+
+impl Share {
+    /// Relative deviation from the ideal share, or None for a backend that should own nothing.
+    pub fn deviation(&self) -> Option<f64> {
+        (self.ideal > 0.0).then(|| self.share / self.ideal - 1.0)
+    }
+}
+
+pub fn shares(service: &Service, table: &Table) -> Vec<Share> {
+    let counts = table.counts(service.backends.len());
+    let total_weight = service.total_weight();
+    service
+        .backends
+        .iter()
+        .zip(counts)
+        .map(|(b, slots)| Share {
+            slots,
+            share: if table.is_empty() { 0.0 } else { slots as f64 / table.len() as f64 },
+            ideal: if total_weight == 0 { 0.0 } else { b.weight as f64 / total_weight as f64 },
+        })
+        .collect()
+}
