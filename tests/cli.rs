@@ -1,0 +1,190 @@
+//! The `lb check`, `lb table` and `lb diff` commands, run as a user runs them. No root needed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn lb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lb")).args(args).output().expect("run lb")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn example() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/pool.yaml").display().to_string()
+}
+
+/// A scratch file removed when dropped.
+struct Scratch(PathBuf);
+impl Scratch {
+    fn new(name: &str, text: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("lb-cli-{}-{name}", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        Scratch(p)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+const FOUR: &str = "services:
+  - name: app
+    vip: 10.1.0.1
+    port: 443
+    algorithm: ALG
+    backends:
+      - {address: 10.1.0.11, name: a}
+      - {address: 10.1.0.12, name: b}
+      - {address: 10.1.0.13, name: c}
+      - {address: 10.1.0.14, name: d}
+";
+
+#[test]
+fn check_prints_one_line_per_service_and_exits_zero() {
+    let o = lb(&["check", "--config", &example()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.lines().any(|l| l.starts_with("web: 10.99.0.100:80/tcp ring slots=65537")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("dns: 10.99.0.100:53/udp maglev")), "{out}");
+}
+
+#[test]
+fn check_refuses_a_bad_file_with_its_position() {
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/bad/weight-out-of-range.yaml");
+    let o = lb(&["check", "--config", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("weight-out-of-range.yaml:9:17: services[0].backends[1].weight: expected an integer 0..=1000"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn missing_file_and_directory_are_clear_errors() {
+    let o = lb(&["check", "--config", "/nonexistent/pool.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o).trim(), "lb: error: /nonexistent/pool.yaml: no such file");
+    let o = lb(&["table", "--config", env!("CARGO_MANIFEST_DIR")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("is a directory"), "{}", stderr(&o));
+}
+
+#[test]
+fn table_json_has_the_documented_shape_and_agrees_with_itself() {
+    let o = lb(&["table", "--config", &example(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let services = v["services"].as_array().unwrap();
+    assert_eq!(services.len(), 2);
+    for s in services {
+        let m = s["slots"].as_u64().unwrap() as usize;
+        let table = s["table"].as_array().unwrap();
+        assert_eq!(table.len(), m);
+        assert!(s["name"].is_string() && s["algorithm"].is_string());
+        for b in s["backends"].as_array().unwrap() {
+            let id = b["identity"].as_str().unwrap();
+            assert!(b["address"].is_string() && b["weight"].is_u64());
+            let owned = table.iter().filter(|e| e.as_str() == Some(id)).count();
+            assert_eq!(owned as u64, b["slots"].as_u64().unwrap(), "{id}");
+        }
+    }
+    assert_eq!(services[0]["backends"][0]["identity"], "b1");
+    assert_eq!(services[1]["backends"][0]["identity"], "10.99.0.11");
+}
+
+#[test]
+fn table_service_filter_and_unknown_service() {
+    let o = lb(&["table", "--config", &example(), "--service", "dns"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    assert!(out.starts_with("dns:") && !out.contains("web:"), "{out}");
+    assert!(out.contains("deviation"));
+    let o = lb(&["table", "--config", &example(), "--service", "nope"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no service named `nope` (services: web, dns)"), "{}", stderr(&o));
+}
+
+#[test]
+fn table_text_shows_weights_slots_shares() {
+    let f = Scratch::new("w.yaml", &FOUR.replace("ALG", "maglev").replace("name: d}", "name: d, weight: 0}"));
+    let o = lb(&["table", "--config", f.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    // 65537 / 3 = 21845.67: every live backend gets 21845 or 21846; d owns nothing.
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains(" (10.1.0.1")).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    for r in &rows[..3] {
+        assert!(r.contains(" 21845 ") || r.contains(" 21846 "), "{r}");
+        assert!(r.contains("33.333%"), "{r}");
+    }
+    assert!(rows[3].contains(" 0 ") && rows[3].trim_end().ends_with('-'), "{}", rows[3]);
+}
+
+#[test]
+fn diff_of_a_ring_removal_moves_only_the_removed_backends_slots() {
+    let old = Scratch::new("old.yaml", &FOUR.replace("ALG", "ring"));
+    let new = Scratch::new("new.yaml", &FOUR.replace("ALG", "ring").replace("      - {address: 10.1.0.12, name: b}\n", ""));
+    let table = lb(&["table", "--config", old.path(), "--json"]);
+    let before: Value = serde_json::from_slice(&table.stdout).unwrap();
+    let b_slots = before["services"][0]["backends"][1]["slots"].as_u64().unwrap();
+
+    let o = lb(&["diff", old.path(), new.path(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let s = &v["services"][0];
+    assert_eq!(s["change"], "changed");
+    assert_eq!(s["moved"].as_u64().unwrap(), b_slots);
+    assert!((s["minimum_fraction"].as_f64().unwrap() - 0.25).abs() < 1e-9);
+    let moves = s["moves"].as_array().unwrap();
+    assert!(!moves.is_empty());
+    assert!(moves.iter().all(|m| m["from"] == "b"), "{moves:?}");
+    assert_eq!(moves.iter().map(|m| m["count"].as_u64().unwrap()).sum::<u64>(), b_slots);
+
+    let text = stdout(&lb(&["diff", old.path(), new.path()]));
+    assert!(text.contains(&format!("app: {b_slots} of 65537 slots change owner")), "{text}");
+    assert!(text.contains("unavoidable minimum 25.000%"), "{text}");
+    assert!(text.contains("note: backend b removed"), "{text}");
+}
+
+#[test]
+fn diff_reports_added_removed_and_unchanged_services() {
+    let a = Scratch::new("a.yaml", &FOUR.replace("ALG", "ring"));
+    let b = Scratch::new("b.yaml", &FOUR.replace("ALG", "ring").replace("name: app", "name: other"));
+    let v: Value = serde_json::from_slice(&lb(&["diff", a.path(), b.path(), "--json"]).stdout).unwrap();
+    let changes: Vec<(&str, &str)> =
+        v["services"].as_array().unwrap().iter().map(|s| (s["name"].as_str().unwrap(), s["change"].as_str().unwrap())).collect();
+    assert_eq!(changes, [("other", "added"), ("app", "removed")]);
+    let same: Value = serde_json::from_slice(&lb(&["diff", a.path(), a.path(), "--json"]).stdout).unwrap();
+    assert_eq!(same["services"][0]["change"], "unchanged");
+    assert_eq!(same["services"][0]["moved"], 0);
+}
+
+#[test]
+fn diff_across_table_sizes_is_sampled_and_says_so() {
+    let a = Scratch::new("s1.yaml", &FOUR.replace("ALG", "maglev"));
+    let b = Scratch::new("s2.yaml", &FOUR.replace("ALG", "maglev").replace("port: 443", "port: 443\n    slots: 65521"));
+    let v: Value = serde_json::from_slice(&lb(&["diff", a.path(), b.path(), "--json"]).stdout).unwrap();
+    let s = &v["services"][0];
+    assert_eq!(s["sampled"], true);
+    // A new table size reshuffles flows: about 3/4 of them land on another of 4 backends.
+    let f = s["moved_fraction"].as_f64().unwrap();
+    assert!((0.6..0.9).contains(&f), "{f}");
+}
+
+#[test]
+fn diff_with_a_bad_file_fails_with_its_position() {
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/bad/bad-protocol.yaml");
+    let o = lb(&["diff", &example(), bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("bad-protocol.yaml:5:15: services[0].protocol"), "{}", stderr(&o));
+}
