@@ -9,10 +9,13 @@
 //!   >= the slot's, wrapping to the first token.
 //!
 //! How it is computed (the result is exactly the spec's): positions are uniform 64-bit hashes,
-//! so a counting sort on their top bits puts tokens into buckets of about one token each; the
-//! buckets are then sorted on their own. The bucket start offsets double as an index: a slot
-//! only has to scan its own bucket, and if every token there lies below it, the answer is the
-//! first token of the next non-empty bucket. That makes the whole build O(tokens + slots).
+//! so one scatter pass on their top bits splits the tokens into small even buckets that are then
+//! sorted on their own. Slot positions depend only on the table size and are sorted once per
+//! size. With both in ring order, a single forward walk assigns every slot: O(tokens + slots)
+//! after the per-bucket sorts, and every array is read front to back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use xxhash_rust::xxh64::xxh64;
 
@@ -53,66 +56,103 @@ pub fn build(members: &[Member], vnodes_per_weight: u32, slots: u32) -> Table {
         return Table::from_owners(vec![EMPTY; slots as usize]);
     }
 
-    let mut tokens: Vec<Token> = Vec::with_capacity(total);
-    let mut buf = Vec::new();
-    for (rank, &mi) in by_identity.iter().enumerate() {
-        let m = &members[mi as usize];
-        buf.clear();
-        buf.extend_from_slice(m.identity.as_bytes());
-        let at = buf.len();
-        buf.extend_from_slice(&[0; 4]);
-        for r in 0..m.weight * vnodes_per_weight {
-            buf[at..].copy_from_slice(&r.to_le_bytes());
-            tokens.push(Token { pos: xxh64(&buf, 0), rank: rank as u32, r });
+    SCRATCH.with(|cell| {
+        // Token arrays are reused from one build to the next: on a VM, first touching a fresh
+        // 2.4 MB array (N = 1000) costs more page faults than hashing every token.
+        let mut scratch = cell.borrow_mut();
+        let Scratch { tokens, sorted } = &mut *scratch;
+        tokens.clear();
+        tokens.reserve(total);
+        let mut buf = Vec::new();
+        for (rank, &mi) in by_identity.iter().enumerate() {
+            let m = &members[mi as usize];
+            buf.clear();
+            buf.extend_from_slice(m.identity.as_bytes());
+            let at = buf.len();
+            buf.extend_from_slice(&[0; 4]);
+            for r in 0..m.weight * vnodes_per_weight {
+                buf[at..].copy_from_slice(&r.to_le_bytes());
+                tokens.push(Token { pos: xxh64(&buf, 0), rank: rank as u32, r });
+            }
         }
-    }
+        sort_tokens(tokens, sorted);
+        let owners = assign(sorted, slots, &by_identity);
+        if tokens.capacity() > SCRATCH_KEEP {
+            *scratch = Scratch::default();
+        }
+        owners
+    })
+}
 
-    let (sorted, starts, shift) = bucket_sort(&tokens);
-    drop(tokens);
+/// Reused token buffers, per thread. Kept only while they are small.
+#[derive(Default)]
+struct Scratch {
+    tokens: Vec<Token>,
+    sorted: Vec<Token>,
+}
 
-    let mut owners = Vec::with_capacity(slots as usize);
-    for i in 0..slots {
-        let p = slot_position(i);
-        let b = (p >> shift) as usize;
-        let (lo, hi) = (starts[b] as usize, starts[b + 1] as usize);
-        let idx = match sorted[lo..hi].iter().position(|t| t.pos >= p) {
-            Some(k) => lo + k,
-            // Every token of this bucket is below p: the next token clockwise is the first one of
-            // a later bucket, which is where this bucket ends; past the last token, wrap to 0.
-            None if hi < sorted.len() => hi,
-            None => 0,
-        };
-        owners.push(by_identity[sorted[idx].rank as usize]);
+const SCRATCH_KEEP: usize = 1 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+fn assign(sorted: &[Token], slots: u32, by_identity: &[u32]) -> Table {
+    // Both sides are in ring order now, so one forward walk pairs every slot with the first
+    // token at or after it.
+    let mut owners = vec![EMPTY; slots as usize];
+    let mut k = 0usize;
+    for &(p, slot) in slots_in_ring_order(slots).iter() {
+        while k < sorted.len() && sorted[k].pos < p {
+            k += 1;
+        }
+        let t = if k < sorted.len() { sorted[k] } else { sorted[0] };
+        owners[slot as usize] = by_identity[t.rank as usize];
     }
     Table::from_owners(owners)
 }
 
-/// Sorts tokens by (pos, rank, r). Returns the sorted tokens, the start offset of each bucket
-/// (with one extra entry at the end) and the shift that maps a position to its bucket.
-fn bucket_sort(tokens: &[Token]) -> (Vec<Token>, Vec<u32>, u32) {
-    let bits = (usize::BITS - tokens.len().leading_zeros()).clamp(1, 22);
+/// Sorts tokens by (pos, rank, r): one scatter pass on the top bits of the position (uniform, so
+/// the buckets come out even at a few dozen tokens each), then each bucket on its own, in cache.
+fn sort_tokens(tokens: &[Token], sorted: &mut Vec<Token>) {
+    let bits = (usize::BITS - tokens.len().leading_zeros()).saturating_sub(5).clamp(1, 16);
     let shift = 64 - bits;
-    let buckets = 1usize << bits;
-
-    let mut starts = vec![0u32; buckets + 1];
+    let mut next = vec![0usize; (1 << bits) + 1];
     for t in tokens {
-        starts[(t.pos >> shift) as usize + 1] += 1;
+        next[(t.pos >> shift) as usize + 1] += 1;
     }
-    for b in 0..buckets {
-        starts[b + 1] += starts[b];
+    for b in 1..next.len() {
+        next[b] += next[b - 1];
     }
-    let mut next = starts.clone();
-    let mut sorted = vec![Token { pos: 0, rank: 0, r: 0 }; tokens.len()];
+    let bounds = next.clone();
+    sorted.clear();
+    sorted.resize(tokens.len(), Token { pos: 0, rank: 0, r: 0 });
     for t in tokens {
         let b = (t.pos >> shift) as usize;
-        sorted[next[b] as usize] = *t;
+        sorted[next[b]] = *t;
         next[b] += 1;
     }
-    for b in 0..buckets {
-        let (lo, hi) = (starts[b] as usize, starts[b + 1] as usize);
-        if hi - lo > 1 {
-            sorted[lo..hi].sort_unstable();
-        }
+    for w in bounds.windows(2) {
+        sorted[w[0]..w[1]].sort_unstable();
     }
-    (sorted, starts, shift)
+}
+
+/// Every slot's (position, index), sorted by position. A pure function of the table size, so it
+/// is computed once per size and shared: services rarely use more than one or two sizes.
+fn slots_in_ring_order(slots: u32) -> Arc<[(u64, u32)]> {
+    static CACHE: OnceLock<Mutex<HashMap<u32, Arc<[(u64, u32)]>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    // A poisoned lock only means another thread panicked mid-insert; the map is still usable.
+    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(order) = map.get(&slots) {
+        return order.clone();
+    }
+    let mut order: Vec<(u64, u32)> = (0..slots).map(|i| (slot_position(i), i)).collect();
+    order.sort_unstable();
+    let order: Arc<[(u64, u32)]> = order.into();
+    if map.len() >= 8 {
+        map.clear();
+    }
+    map.insert(slots, order.clone());
+    order
 }
