@@ -139,8 +139,11 @@ fn sort_tokens(tokens: &[Token], sorted: &mut Vec<Token>) {
 
 /// Every slot's (position, index), sorted by position. A pure function of the table size, so it
 /// is computed once per size and shared: services rarely use more than one or two sizes.
-fn slots_in_ring_order(slots: u32) -> Arc<[(u64, u32)]> {
-    static CACHE: OnceLock<Mutex<HashMap<u32, Arc<[(u64, u32)]>>>> = OnceLock::new();
+/// Slot (position, index) pairs in ring order.
+type SlotOrder = Arc<[(u64, u32)]>;
+
+fn slots_in_ring_order(slots: u32) -> SlotOrder {
+    static CACHE: OnceLock<Mutex<HashMap<u32, SlotOrder>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     // A poisoned lock only means another thread panicked mid-insert; the map is still usable.
     let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -149,7 +152,7 @@ fn slots_in_ring_order(slots: u32) -> Arc<[(u64, u32)]> {
     }
     let mut order: Vec<(u64, u32)> = (0..slots).map(|i| (slot_position(i), i)).collect();
     order.sort_unstable();
-    let order: Arc<[(u64, u32)]> = order.into();
+    let order: SlotOrder = order.into();
     if map.len() >= 8 {
         map.clear();
     }
