@@ -7,5 +7,6 @@
 
 pub mod config;
 pub mod diff;
+pub mod flowhash;
 pub mod report;
 pub mod table;
