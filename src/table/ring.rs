@@ -56,45 +56,22 @@ pub fn build(members: &[Member], vnodes_per_weight: u32, slots: u32) -> Table {
         return Table::from_owners(vec![EMPTY; slots as usize]);
     }
 
-    SCRATCH.with(|cell| {
-        // Token arrays are reused from one build to the next: on a VM, first touching a fresh
-        // 2.4 MB array (N = 1000) costs more page faults than hashing every token.
-        let mut scratch = cell.borrow_mut();
-        let Scratch { tokens, sorted } = &mut *scratch;
-        tokens.clear();
-        tokens.reserve(total);
-        let mut buf = Vec::new();
-        for (rank, &mi) in by_identity.iter().enumerate() {
-            let m = &members[mi as usize];
-            buf.clear();
-            buf.extend_from_slice(m.identity.as_bytes());
-            let at = buf.len();
-            buf.extend_from_slice(&[0; 4]);
-            for r in 0..m.weight * vnodes_per_weight {
-                buf[at..].copy_from_slice(&r.to_le_bytes());
-                tokens.push(Token { pos: xxh64(&buf, 0), rank: rank as u32, r });
-            }
+    let mut tokens: Vec<Token> = Vec::with_capacity(total);
+    let mut buf = Vec::new();
+    for (rank, &mi) in by_identity.iter().enumerate() {
+        let m = &members[mi as usize];
+        buf.clear();
+        buf.extend_from_slice(m.identity.as_bytes());
+        let at = buf.len();
+        buf.extend_from_slice(&[0; 4]);
+        for r in 0..m.weight * vnodes_per_weight {
+            buf[at..].copy_from_slice(&r.to_le_bytes());
+            tokens.push(Token { pos: xxh64(&buf, 0), rank: rank as u32, r });
         }
-        sort_tokens(tokens, sorted);
-        let owners = assign(sorted, slots, &by_identity);
-        if tokens.capacity() > SCRATCH_KEEP {
-            *scratch = Scratch::default();
-        }
-        owners
-    })
-}
-
-/// Reused token buffers, per thread. Kept only while they are small.
-#[derive(Default)]
-struct Scratch {
-    tokens: Vec<Token>,
-    sorted: Vec<Token>,
-}
-
-const SCRATCH_KEEP: usize = 1 << 20;
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+    }
+    let sorted = sort_tokens(&tokens);
+    drop(tokens);
+    assign(&sorted, slots, &by_identity)
 }
 
 fn assign(sorted: &[Token], slots: u32, by_identity: &[u32]) -> Table {
@@ -114,7 +91,7 @@ fn assign(sorted: &[Token], slots: u32, by_identity: &[u32]) -> Table {
 
 /// Sorts tokens by (pos, rank, r): one scatter pass on the top bits of the position (uniform, so
 /// the buckets come out even at a few dozen tokens each), then each bucket on its own, in cache.
-fn sort_tokens(tokens: &[Token], sorted: &mut Vec<Token>) {
+fn sort_tokens(tokens: &[Token]) -> Vec<Token> {
     let bits = (usize::BITS - tokens.len().leading_zeros()).saturating_sub(5).clamp(1, 16);
     let shift = 64 - bits;
     let mut next = vec![0usize; (1 << bits) + 1];
@@ -125,8 +102,7 @@ fn sort_tokens(tokens: &[Token], sorted: &mut Vec<Token>) {
         next[b] += next[b - 1];
     }
     let bounds = next.clone();
-    sorted.clear();
-    sorted.resize(tokens.len(), Token { pos: 0, rank: 0, r: 0 });
+    let mut sorted = vec![Token { pos: 0, rank: 0, r: 0 }; tokens.len()];
     for t in tokens {
         let b = (t.pos >> shift) as usize;
         sorted[next[b]] = *t;
@@ -135,6 +111,7 @@ fn sort_tokens(tokens: &[Token], sorted: &mut Vec<Token>) {
     for w in bounds.windows(2) {
         sorted[w[0]..w[1]].sort_unstable();
     }
+    sorted
 }
 
 /// Every slot's (position, index), sorted by position. A pure function of the table size, so it
