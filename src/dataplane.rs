@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
-use lb::config::{HashMode, Pool, Protocol};
+use lb::config::{HashMode, Pool, Protocol, Service};
 use lb::table;
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
@@ -100,16 +100,7 @@ impl Dataplane {
             self.skel.maps.tables.update(&sid.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)?;
             self.tables.insert(sid, inner);
 
-            let live = s.backends.iter().any(|b| b.weight > 0);
-            let svc = types::lb_service {
-                id: sid,
-                slots: if live { s.slots } else { 0 },
-                hash_mode: match s.hash {
-                    HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
-                    HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
-                },
-                pad: 0,
-            };
+            let svc = service_value(sid, s, s.hash);
             let key = service_key(s.vip, s.port, s.protocol);
             self.skel.maps.services.update(bytes_of(&key), bytes_of(&svc), MapFlags::ANY)?;
             per_vip.entry((s.vip, s.protocol)).or_default().push(sid as usize);
@@ -121,13 +112,7 @@ impl Dataplane {
         for ((vip, proto), sids) in per_vip {
             let s = &pool.services[sids[0]];
             let routable = sids.len() == 1 && s.hash == HashMode::ClientIp;
-            let live = s.backends.iter().any(|b| b.weight > 0);
-            let svc = types::lb_service {
-                id: sids[0] as u32,
-                slots: if live { s.slots } else { 0 },
-                hash_mode: if routable { types::lb_hash_mode::LB_HASH_CLIENT_IP.0 } else { types::lb_hash_mode::LB_HASH_FLOW.0 },
-                pad: 0,
-            };
+            let svc = service_value(sids[0] as u32, s, if routable { HashMode::ClientIp } else { HashMode::Flow });
             let key = service_key(vip, 0, proto);
             self.skel.maps.services.update(bytes_of(&key), bytes_of(&svc), MapFlags::ANY)?;
         }
@@ -149,6 +134,21 @@ impl Dataplane {
     pub fn stat(&self, stat: types::lb_stat) -> Result<u64> {
         let per_cpu = self.skel.maps.stats.lookup_percpu(&stat.0.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
         Ok(per_cpu.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8]))).sum())
+    }
+}
+
+/// The services-map value of service `id`. A service without any weighted backend gets 0 slots,
+/// which the program drops as "no backend".
+fn service_value(id: u32, s: &Service, hash: HashMode) -> types::lb_service {
+    let live = s.backends.iter().any(|b| b.weight > 0);
+    types::lb_service {
+        id,
+        slots: if live { s.slots } else { 0 },
+        hash_mode: match hash {
+            HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
+            HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
+        },
+        pad: 0,
     }
 }
 

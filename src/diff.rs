@@ -146,7 +146,7 @@ pub fn diff_service(old: &Service, new: &Service) -> ServiceDiff {
     moves.sort_by(|x, y| y.count.cmp(&x.count).then_with(|| (&x.from, &x.to).cmp(&(&y.from, &y.to))));
 
     let notes = notes(old, new);
-    let change = if moved == 0 && notes.is_empty() && old == new { Change::Unchanged } else { Change::Changed };
+    let change = if old == new { Change::Unchanged } else { Change::Changed };
     ServiceDiff {
         name: new.name.clone(),
         change,

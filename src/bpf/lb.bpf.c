@@ -17,7 +17,6 @@
 #define ETH_P_IPV6 0x86DD
 #define ETH_P_8021Q 0x8100
 #define ETH_P_8021AD 0x88A8
-#define IP_MF 0x2000
 #define IP_OFFSET 0x1FFF
 
 /* Service lookup: (address, port, protocol, family) -> service. A hash map, so each update

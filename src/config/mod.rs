@@ -273,12 +273,18 @@ type Fields<'n> = &'n [(String, Node)];
 
 impl Validator<'_> {
     fn err(&self, at: &FieldPath, message: impl Into<String>) -> ConfigError {
-        let pos = self.doc.locate(&at.0);
+        self.err_located(at, at, message)
+    }
+
+    /// An error about field `shown`, positioned at the node `located` (a key rather than its
+    /// value, for instance).
+    fn err_located(&self, shown: &FieldPath, located: &FieldPath, message: impl Into<String>) -> ConfigError {
+        let pos = self.doc.locate(&located.0);
         ConfigError {
             file: self.file.to_path_buf(),
             line: pos.map(|p| p.0),
             column: pos.map(|p| p.1),
-            field: at.to_string(),
+            field: shown.to_string(),
             message: message.into(),
         }
     }
@@ -290,15 +296,11 @@ impl Validator<'_> {
         };
         for (i, (k, _)) in entries.iter().enumerate() {
             if !allowed.contains(&k.as_str()) {
-                let shown = at.key(k);
-                let pos = self.doc.locate(&at.key_at(i).0);
-                return Err(ConfigError {
-                    file: self.file.to_path_buf(),
-                    line: pos.map(|p| p.0),
-                    column: pos.map(|p| p.1),
-                    field: shown.to_string(),
-                    message: format!("unknown key `{k}`; expected one of: {}", allowed.join(", ")),
-                });
+                return Err(self.err_located(
+                    &at.key(k),
+                    &at.key_at(i),
+                    format!("unknown key `{k}`; expected one of: {}", allowed.join(", ")),
+                ));
             }
         }
         Ok(entries)
