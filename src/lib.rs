@@ -1,12 +1,16 @@
-//! `lb`: the kernel-free core of an XDP Layer-4 load balancer.
+//! `lb`: an XDP Layer-4 load balancer.
 //!
-//! Everything here is pure: the pool configuration ([`config`]), the table builders that compile
-//! a backend pool into a fixed destination table ([`table`]), the comparison of two pools
-//! ([`diff`]) and the text and JSON that the commands print ([`report`]). None of it needs root,
-//! a kernel or libbpf, so every rule of the design can be tested anywhere.
+//! Almost everything here is pure: the pool configuration ([`config`]), the table builders that
+//! compile a backend pool into a fixed destination table ([`table`]), the comparison of two pools
+//! ([`diff`]), the flow hash ([`flowhash`]), counters ([`stats`]) and the text and JSON that the
+//! commands print ([`report`]). None of it needs root, a kernel or libbpf, so every rule of the
+//! design can be tested anywhere. The one exception is [`dataplane`], the only module that talks
+//! to the kernel (BPF maps and programs, links, netlink); nothing in the pure modules uses it.
 
 pub mod config;
+pub mod dataplane;
 pub mod diff;
 pub mod flowhash;
 pub mod report;
+pub mod stats;
 pub mod table;

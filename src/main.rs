@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand};
 use lb::config::{self, Pool, Service};
 use lb::{diff, report, table};
 
+mod attach;
+
 #[derive(Parser)]
 #[command(name = "lb", version, about = "An XDP Layer-4 load balancer with consistent-hash destination tables")]
 struct Cli {
@@ -36,6 +38,24 @@ enum Command {
         /// Print JSON, including every slot's owner.
         #[arg(long)]
         json: bool,
+    },
+    /// Load the XDP program, attach it to IFACE and serve the pool until Ctrl-C or SIGTERM.
+    Attach {
+        /// The interface clients' traffic arrives on; backends must be on its link.
+        #[arg(value_name = "IFACE")]
+        iface: String,
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: PathBuf,
+        /// Where the program runs: native (driver), generic (any interface, slower), or auto
+        /// (native, falling back to generic with a warning).
+        #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+        xdp_mode: attach::ModeArg,
+        /// Print per-service and per-backend counters and drop reasons every SECS seconds.
+        #[arg(long, value_name = "SECS", value_parser = seconds)]
+        stats_interval: Option<std::time::Duration>,
+        /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
+        #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
+        resolve_timeout: std::time::Duration,
     },
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
@@ -68,6 +88,15 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// A duration in seconds, such as `5` or `0.5`.
+fn seconds(s: &str) -> Result<std::time::Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v > 0.0 && v <= 86400.0) {
+        return Err(format!("{s} seconds is out of range (0, 86400]"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
+}
+
 fn load(path: &Path) -> Result<Pool> {
     // The ConfigError already names file, line, column and field.
     config::load(path).map_err(anyhow::Error::new)
@@ -76,6 +105,13 @@ fn load(path: &Path) -> Result<Pool> {
 fn run(cli: Cli) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match cli.command {
+        Command::Attach { iface, config, xdp_mode, stats_interval, resolve_timeout } => {
+            drop(out);
+            // The whole pool is validated before the first syscall.
+            let pool = load(&config)?;
+            let plan = attach::Plan { iface, config, mode: xdp_mode, stats_interval, resolve_timeout };
+            return attach::run(plan, pool);
+        }
         Command::Check { config } => {
             let pool = load(&config)?;
             for s in &pool.services {

@@ -1,13 +1,9 @@
 //! Packet fixtures through the real XDP program and real maps, with BPF_PROG_TEST_RUN.
 //! Needs root (CAP_BPF): run with `cargo test --test root_packets`.
 
-#[path = "../src/dataplane.rs"]
-#[allow(dead_code)]
-mod dataplane;
-
 use std::net::{IpAddr, Ipv4Addr};
 
-use dataplane::{types, Dataplane};
+use lb::dataplane::{types, Dataplane};
 use lb::config::{parse_str, HashMode};
 use lb::flowhash::flow_hash;
 use lb::table;

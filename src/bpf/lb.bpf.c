@@ -91,6 +91,7 @@ struct {
 const volatile enum lb_stat lb_stat_btf = LB_STAT_MAX;
 const volatile enum lb_hash_mode lb_hash_mode_btf = LB_HASH_CLIENT_IP;
 const volatile enum lb_family lb_family_btf = LB_FAMILY_V4;
+const volatile enum lb_backend_flags lb_backend_flags_btf = LB_BACKEND_MAC_KNOWN;
 
 static __always_inline int count(__u32 stat, int action)
 {

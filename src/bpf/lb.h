@@ -52,7 +52,9 @@ struct lb_backend {
 	__u8 pad;
 };
 
-#define LB_BACKEND_MAC_KNOWN 1
+enum lb_backend_flags {
+	LB_BACKEND_MAC_KNOWN = 1, /* mac holds the backend's resolved address */
+};
 
 /* The single entry of the config array. */
 struct lb_config {

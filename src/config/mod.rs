@@ -221,6 +221,32 @@ pub fn parse_str(name: &str, text: &str) -> Result<Pool, ConfigError> {
     parse_bytes(Path::new(name), text.as_bytes())
 }
 
+/// An error about a field of a file that did validate, positioned like validation errors: for
+/// facts only known later, such as a backend that the attached interface cannot reach. `field`
+/// is a path as errors print it, `services[0].backends[2].address`.
+pub fn field_error(file: &Path, text: &str, field: &str, message: impl Into<String>) -> ConfigError {
+    let mut segs = Vec::new();
+    for part in field.split('.') {
+        let mut pieces = part.split('[');
+        if let Some(key) = pieces.next().filter(|k| !k.is_empty()) {
+            segs.push(Seg::Key(key.to_string()));
+        }
+        for idx in pieces {
+            if let Ok(i) = idx.trim_end_matches(']').parse() {
+                segs.push(Seg::Index(i));
+            }
+        }
+    }
+    let pos = yaml::parse(text).ok().and_then(|doc| doc.locate(&segs));
+    ConfigError {
+        file: file.to_path_buf(),
+        line: pos.map(|p| p.0),
+        column: pos.map(|p| p.1),
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
 /// A field path under construction, printed as `services[0].backends[2].weight`.
 #[derive(Clone, Default)]
 struct FieldPath(Vec<Seg>);
@@ -574,6 +600,13 @@ fn nearby_primes(n: u32) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn field_error_positions_a_later_fact_at_its_field() {
+        let text = "services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    backends:\n      - address: 10.0.0.1\n      - address: 10.0.0.2\n";
+        let e = super::field_error(std::path::Path::new("p.yaml"), text, "services[0].backends[1].address", "not on eth0");
+        assert_eq!(e.to_string(), "p.yaml:7:18: services[0].backends[1].address: not on eth0");
+    }
+
     use super::*;
 
     #[test]

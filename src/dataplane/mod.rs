@@ -1,5 +1,9 @@
-//! The only module that talks to the kernel: loads the XDP program's skeleton and writes the
-//! tables that the kernel-free core built into its maps.
+//! The only module that talks to the kernel: loads the XDP program's skeleton, writes the tables
+//! that the kernel-free core built into its maps, attaches it ([`link`]) and asks the network
+//! stack about routes and neighbours ([`netlink`]).
+
+pub mod link;
+pub mod netlink;
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -10,8 +14,9 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
-use lb::config::{HashMode, Pool, Protocol, Service};
-use lb::table;
+use crate::config::{HashMode, Pool, Protocol, Service};
+use crate::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
+use crate::table;
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod skel {
@@ -33,6 +38,25 @@ pub struct Dataplane {
     skel: LbSkel<'static>,
     /// One inner table map per service id, kept open while it is installed.
     tables: HashMap<u32, MapHandle>,
+    /// What is installed, by id: for counters and MAC updates.
+    services: Vec<InstalledService>,
+}
+
+/// A service as installed: its id is its index in the pool.
+#[derive(Debug, Clone)]
+struct InstalledService {
+    name: String,
+    endpoint: String,
+    backends: Vec<InstalledBackend>,
+}
+
+#[derive(Debug, Clone)]
+struct InstalledBackend {
+    id: u32,
+    label: String,
+    address: IpAddr,
+    weight: u32,
+    mac: Option<[u8; 6]>,
 }
 
 /// Backend ids handed out by [`Dataplane::install`]: (service name, backend identity) -> id.
@@ -46,7 +70,7 @@ impl Dataplane {
         let object = Box::leak(Box::new(MaybeUninit::uninit()));
         let open = LbSkelBuilder::default().open(object).context("opening the BPF object")?;
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
-        Ok(Dataplane { skel, tables: HashMap::new() })
+        Ok(Dataplane { skel, tables: HashMap::new(), services: Vec::new() })
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -67,19 +91,17 @@ impl Dataplane {
         for (sid, s) in pool.services.iter().enumerate() {
             let sid = sid as u32;
             let mut backend_ids = Vec::with_capacity(s.backends.len());
+            let mut installed = Vec::with_capacity(s.backends.len());
             for b in &s.backends {
                 let id = next_id;
                 next_id += 1;
                 let mac = mac_of(b.address);
-                let rec = types::lb_backend {
-                    mac: mac.unwrap_or([0; 6]),
-                    flags: if mac.is_some() { 1 } else { 0 },
-                    pad: 0,
-                };
-                self.skel.maps.backends.update(&id.to_ne_bytes(), bytes_of(&rec), MapFlags::ANY)?;
+                self.write_backend(id, mac)?;
                 ids.insert((s.name.clone(), b.identity()), id);
                 backend_ids.push(id);
+                installed.push(InstalledBackend { id, label: b.identity(), address: b.address, weight: b.weight, mac });
             }
+            self.services.push(InstalledService { name: s.name.clone(), endpoint: s.endpoint(), backends: installed });
 
             let t = table::build_service(s);
             let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts {
@@ -119,6 +141,89 @@ impl Dataplane {
         Ok(ids)
     }
 
+    fn write_backend(&self, id: u32, mac: Option<[u8; 6]>) -> Result<()> {
+        let rec = types::lb_backend {
+            mac: mac.unwrap_or([0; 6]),
+            flags: if mac.is_some() { LB_BACKEND_MAC_KNOWN } else { 0 },
+            pad: 0,
+        };
+        self.skel.maps.backends.update(&id.to_ne_bytes(), bytes_of(&rec), MapFlags::ANY)?;
+        Ok(())
+    }
+
+    /// The distinct backend addresses of the installed pool.
+    pub fn backend_addresses(&self) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        for b in self.services.iter().flat_map(|s| &s.backends) {
+            if !out.contains(&b.address) {
+                out.push(b.address);
+            }
+        }
+        out
+    }
+
+    /// Points every backend at `addr` to `mac` (None: unknown, its packets are dropped as
+    /// `no_mac`). Returns whether anything changed. One 8-byte value per backend id, so a packet
+    /// sees the old MAC or the new one.
+    pub fn set_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> Result<bool> {
+        let mut changed = Vec::new();
+        for b in self.services.iter_mut().flat_map(|s| s.backends.iter_mut()) {
+            if b.address == addr && b.mac != mac {
+                b.mac = mac;
+                changed.push(b.id);
+            }
+        }
+        for id in &changed {
+            self.write_backend(*id, mac)?;
+        }
+        Ok(!changed.is_empty())
+    }
+
+    /// The MAC installed for `addr`, if any backend has that address and it is known.
+    pub fn mac(&self, addr: IpAddr) -> Option<[u8; 6]> {
+        self.services.iter().flat_map(|s| &s.backends).find(|b| b.address == addr).and_then(|b| b.mac)
+    }
+
+    /// Every counter of the data plane, summed over CPUs.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        use types::lb_stat as S;
+        let drops = [
+            ("malformed", S::LB_DROP_MALFORMED),
+            ("no_backend", S::LB_DROP_NO_BACKEND),
+            ("no_mac", S::LB_DROP_NO_MAC),
+            ("fragment", S::LB_DROP_FRAGMENT),
+            ("no_table", S::LB_DROP_NO_TABLE),
+        ];
+        let mut snap = Snapshot {
+            forwarded: self.stat(S::LB_STAT_FORWARDED)?,
+            passed: self.stat(S::LB_STAT_PASSED)?,
+            drops: Vec::with_capacity(drops.len()),
+            services: Vec::with_capacity(self.services.len()),
+        };
+        for (name, stat) in drops {
+            snap.drops.push((name, self.stat(stat)?));
+        }
+        for (sid, s) in self.services.iter().enumerate() {
+            let mut backends = Vec::with_capacity(s.backends.len());
+            for b in &s.backends {
+                backends.push(BackendCounters {
+                    label: b.label.clone(),
+                    address: b.address,
+                    weight: b.weight,
+                    mac_known: b.mac.is_some(),
+                    traffic: traffic(&self.skel.maps.backend_traffic, b.id)?,
+                });
+            }
+            snap.services.push(ServiceCounters {
+                name: s.name.clone(),
+                endpoint: s.endpoint.clone(),
+                traffic: traffic(&self.skel.maps.service_traffic, sid as u32)?,
+                backends,
+            });
+        }
+        Ok(snap)
+    }
+
     /// Runs the program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame).
     pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         let mut out = vec![0u8; frame.len() + 256];
@@ -133,8 +238,37 @@ impl Dataplane {
     /// A counter of enum lb_stat, summed over CPUs.
     pub fn stat(&self, stat: types::lb_stat) -> Result<u64> {
         let per_cpu = self.skel.maps.stats.lookup_percpu(&stat.0.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-        Ok(per_cpu.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8]))).sum())
+        Ok(per_cpu.iter().map(|v| u64_at(v, 0)).sum())
     }
+}
+
+const LB_BACKEND_MAC_KNOWN: u8 = types::lb_backend_flags::LB_BACKEND_MAC_KNOWN.0 as u8;
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes)
+}
+
+/// Reads a map value of one of the skeleton's plain types from the bytes the kernel returned.
+fn value_of<T: Copy + Default>(bytes: &[u8]) -> T {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return T::default();
+    }
+    // SAFETY: the length was checked above; `T` is a #[repr(C)] skeleton type made of integers
+    // and byte arrays, for which every bit pattern is a valid value; read_unaligned copes with
+    // any alignment of the kernel's buffer.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) }
+}
+
+/// One lb_traffic entry of a per-CPU map, summed over CPUs.
+fn traffic(map: &impl MapCore, id: u32) -> Result<Traffic> {
+    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    let mut t = Traffic::default();
+    for v in per_cpu {
+        let cpu: types::lb_traffic = value_of(&v);
+        t.packets += cpu.packets;
+        t.bytes += cpu.bytes;
+    }
+    Ok(t)
 }
 
 /// The services-map value of service `id`. A service without any weighted backend gets 0 slots,

@@ -1,0 +1,447 @@
+//! `lb attach IFACE --config FILE`: validate, check the interface, resolve backend MACs, load,
+//! fill the maps, attach through a BPF link, then serve in the foreground until SIGINT/SIGTERM.
+//!
+//! One thread and one poll loop over a signalfd and a netlink socket: no async runtime. Every
+//! check that can fail runs before the program is attached, so an error leaves nothing behind;
+//! once attached, the link's descriptor is the only thing holding the program on the interface,
+//! and it closes with the process however the process ends.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use lb::config::{self, Pool};
+use lb::dataplane::link::{self, mac_text, Interface, XdpMode};
+use lb::dataplane::netlink::{self, Neighbour};
+use lb::dataplane::Dataplane;
+use lb::{report, stats, table};
+
+/// `--xdp-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// In the driver: fastest; needs driver support (veth, most 10G+ NICs).
+    Native,
+    /// In the generic network stack: works everywhere, slower.
+    Generic,
+    /// Native, falling back to generic with a warning.
+    Auto,
+}
+
+/// Everything `lb attach` was asked to do, validated.
+pub struct Plan {
+    pub iface: String,
+    pub config: PathBuf,
+    pub mode: ModeArg,
+    pub stats_interval: Option<Duration>,
+    /// How long to wait at start for backends' MACs before attaching anyway.
+    pub resolve_timeout: Duration,
+}
+
+/// How often the neighbour table is re-read and unresolved or stale backends re-primed, on top
+/// of the change events the kernel sends.
+const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(5);
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("lb: {}", msg.as_ref());
+}
+
+pub fn run(plan: Plan, pool: Pool) -> Result<ExitCode> {
+    check_privileges()?;
+    let ifc = link::interface(&plan.iface)?;
+    if let Some(a) = link::attached(ifc.ifindex).with_context(|| format!("querying {}'s XDP program", ifc.name))? {
+        return Err(already_attached(&ifc, Some(a)));
+    }
+    let mut nl = netlink::Socket::open().context("opening a netlink socket")?;
+    check_reachability(&plan.config, &pool, &ifc, &mut nl)?;
+    if !ifc.up {
+        log(format!("warning: {} is down; lb attaches anyway and serves once it is up", ifc.name));
+    }
+
+    // Signals are read from a descriptor in the poll loop, so block them first: a Ctrl-C from
+    // here on is an orderly stop at the next loop turn.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGINT);
+    mask.add(Signal::SIGTERM);
+    mask.thread_block().context("blocking SIGINT/SIGTERM")?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("creating a signalfd")?;
+
+    // Subscribe before the first dump, so that no change falls between the two.
+    let mut events = netlink::Socket::neighbour_events().context("subscribing to neighbour changes")?;
+    let backends = distinct_backends(&pool);
+    let Some(macs) = resolve_initial(&backends, &ifc, &mut nl, &mut events, &signals, plan.resolve_timeout)? else {
+        log("interrupted before attaching; nothing was changed");
+        return Ok(ExitCode::SUCCESS);
+    };
+
+    let mut dp = Dataplane::load()?;
+    dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("filling the BPF maps")?;
+    let xdp = attach_with_mode(&dp, &ifc, plan.mode)?;
+    log(format!(
+        "attached to {} (ifindex {}, {}) in {} mode: XDP program id {}, link id {}",
+        ifc.name,
+        ifc.ifindex,
+        mac_text(&ifc.mac),
+        xdp.mode.as_str(),
+        xdp.prog_id,
+        xdp.link_id
+    ));
+    for s in &pool.services {
+        log(format!("service {}", report::service_summary(s)));
+        let t = table::build_service(s);
+        for (b, share) in s.backends.iter().zip(table::shares(s, &t)) {
+            let mac = match macs.get(&b.address) {
+                Some(m) => format!("MAC {}", mac_text(m)),
+                None => "MAC unresolved: its packets are dropped (no_mac) until it answers ARP/ND".to_string(),
+            };
+            log(format!(
+                "  backend {} weight {}: {} slots ({:.2}%), {mac}",
+                backend_label(b),
+                b.weight,
+                share.slots,
+                share.share * 100.0
+            ));
+        }
+    }
+    log("serving; Ctrl-C or SIGTERM detaches");
+
+    let stop = serve(&plan, &ifc, &mut dp, &mut nl, &mut events, &signals, &backends)?;
+    drop(xdp);
+    let snap = dp.snapshot()?;
+    let drops: Vec<String> = snap.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    log(format!(
+        "{stop}: detached from {}; forwarded {}, passed {}, dropped {} ({})",
+        ifc.name,
+        snap.forwarded,
+        snap.passed,
+        snap.dropped(),
+        drops.join(" ")
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise.
+fn backend_label(b: &config::Backend) -> String {
+    match &b.name {
+        Some(n) => format!("{n} {}", b.address),
+        None => b.address.to_string(),
+    }
+}
+
+/// An OS error as people read it: "operation not supported", without "(os error 95)".
+fn os_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = text.split(" (os error").next().unwrap_or_default();
+    let mut chars = text.chars();
+    chars.next().map_or(String::new(), |c| c.to_lowercase().chain(chars).collect())
+}
+
+fn already_attached(ifc: &Interface, a: Option<link::Attached>) -> anyhow::Error {
+    let what = a.map_or(String::new(), |a| format!(" (program id {}, {} mode)", a.prog_id, a.mode));
+    anyhow::anyhow!(
+        "{} already has an XDP program attached{what}; lb never replaces another program. \
+         See it with `bpftool net show dev {}`; detach it yourself if it should go",
+        ifc.name,
+        ifc.name
+    )
+}
+
+/// Needs CAP_NET_ADMIN (attach, netlink) and CAP_BPF or CAP_SYS_ADMIN (load, maps).
+fn check_privileges() -> Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_BPF: u32 = 39;
+    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1u64 << cap) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if !missing.is_empty() {
+        bail!("lb attach needs root, or the capabilities {} (missing: {})", "CAP_BPF and CAP_NET_ADMIN", missing.join(", "));
+    }
+    Ok(())
+}
+
+/// L2 direct server return sends a frame straight to a backend's MAC, so every backend must be
+/// directly connected to the interface; a VIP held by another interface arrives there, not here.
+/// Every problem is reported, each at its place in the file.
+fn check_reachability(file: &Path, pool: &Pool, ifc: &Interface, nl: &mut netlink::Socket) -> Result<()> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let name_of = |idx: u32| nix::net::if_::if_indextoname(idx).map_or(format!("ifindex {idx}"), |n| n.to_string_lossy().into_owned());
+    let mut problems = Vec::new();
+    let ipv6_disabled = std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ifc.name))
+        .map_or(true, |v| v.trim() == "1");
+    for (si, s) in pool.services.iter().enumerate() {
+        let vip_field = format!("services[{si}].vip");
+        if s.vip.is_ipv6() && ipv6_disabled {
+            problems.push(config::field_error(file, &text, &vip_field, format!("{} is IPv6, but IPv6 is disabled on {}", s.vip, ifc.name)));
+        }
+        match link::owner_of(s.vip) {
+            Some(owner) if owner != ifc.name && owner != "lo" => problems.push(config::field_error(
+                file,
+                &text,
+                &vip_field,
+                format!("{} is an address of {owner}, so its traffic arrives on {owner}, not on {}", s.vip, ifc.name),
+            )),
+            None if !problems.is_empty() => {}
+            None => log(format!(
+                "warning: vip {} (service {}) is not an address of {}: its traffic reaches lb only if a router sends it here \
+                 (`ip addr add {} dev {}` makes this host answer ARP/ND for it)",
+                s.vip, s.name, ifc.name, s.vip, ifc.name
+            )),
+            Some(_) => {}
+        }
+        for (bi, b) in s.backends.iter().enumerate() {
+            let why = match nl.route_get(b.address) {
+                Err(e) => Some(format!(
+                    "{} has no route from this host ({}); it must be on {}'s link",
+                    b.address,
+                    os_text(&e),
+                    ifc.name
+                )),
+                Ok(r) if r.kind == netlink::RTN_LOCAL => {
+                    Some(format!("{} is an address of this host; a backend must be another machine on {}'s link", b.address, ifc.name))
+                }
+                Ok(r) if r.oif != Some(ifc.ifindex) => Some(format!(
+                    "{} is reached through {}, not {}; L2 direct server return needs every backend on {}'s link",
+                    b.address,
+                    r.oif.map_or("no interface".to_string(), name_of),
+                    ifc.name,
+                    ifc.name
+                )),
+                Ok(r) => r.gateway.map(|g| {
+                    format!(
+                        "{} is behind the router {g}, not on {}'s link; L2 direct server return sends frames straight to a backend's MAC",
+                        b.address, ifc.name
+                    )
+                }),
+            };
+            if let Some(why) = why {
+                problems.push(config::field_error(file, &text, &format!("services[{si}].backends[{bi}].address"), why));
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+    bail!("{} cannot serve this pool; nothing was attached:\n{}", ifc.name, lines.join("\n"))
+}
+
+fn distinct_backends(pool: &Pool) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for b in pool.services.iter().flat_map(|s| &s.backends) {
+        if !out.contains(&b.address) {
+            out.push(b.address);
+        }
+    }
+    out
+}
+
+/// Reads the neighbour table, primes every backend without a usable entry, and waits up to
+/// `timeout` for the answers. None if a stop signal came first.
+fn resolve_initial(
+    backends: &[IpAddr],
+    ifc: &Interface,
+    nl: &mut netlink::Socket,
+    events: &mut netlink::Socket,
+    signals: &SignalFd,
+    timeout: Duration,
+) -> Result<Option<HashMap<IpAddr, [u8; 6]>>> {
+    let mut macs = HashMap::new();
+    let take = |n: &Neighbour, macs: &mut HashMap<IpAddr, [u8; 6]>| {
+        if let (true, Some(m)) = (n.ifindex == ifc.ifindex && backends.contains(&n.addr), n.mac) {
+            macs.insert(n.addr, m);
+        }
+    };
+    for n in nl.neighbours(ifc.ifindex).context("reading the neighbour table")? {
+        take(&n, &mut macs);
+    }
+    let missing: Vec<IpAddr> = backends.iter().copied().filter(|a| !macs.contains_key(a)).collect();
+    if missing.is_empty() {
+        return Ok(Some(macs));
+    }
+    for a in &missing {
+        netlink::prime(*a);
+    }
+    let deadline = Instant::now() + timeout;
+    while backends.iter().any(|a| !macs.contains_key(a)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN), PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e).context("waiting for neighbour resolution"),
+        }
+        if signals.read_signal().ok().flatten().is_some() {
+            return Ok(None);
+        }
+        match events.drain_neighbour_events() {
+            Ok(list) => list.iter().for_each(|n| take(n, &mut macs)),
+            Err(_) => {
+                // Lost events: read the table again.
+                for n in nl.neighbours(ifc.ifindex)? {
+                    take(&n, &mut macs);
+                }
+            }
+        }
+    }
+    Ok(Some(macs))
+}
+
+fn attach_with_mode(dp: &Dataplane, ifc: &Interface, mode: ModeArg) -> Result<link::XdpLink> {
+    let refused = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc_errno) if libc_errno == nix::errno::Errno::EBUSY as i32 || libc_errno == nix::errno::Errno::EEXIST as i32);
+    let first = match mode {
+        ModeArg::Native | ModeArg::Auto => XdpMode::Native,
+        ModeArg::Generic => XdpMode::Generic,
+    };
+    match link::attach(dp.program_fd(), ifc.ifindex, first) {
+        Ok(l) => Ok(l),
+        // Someone attached a program since the check above.
+        Err(e) if refused(&e) => Err(already_attached(ifc, link::attached(ifc.ifindex).ok().flatten())),
+        Err(e) if mode == ModeArg::Auto => {
+            log(format!("warning: native XDP is not available on {} ({}); falling back to generic mode, which is slower", ifc.name, os_text(&e)));
+            link::attach(dp.program_fd(), ifc.ifindex, XdpMode::Generic)
+                .with_context(|| format!("attaching the XDP program to {} in generic mode", ifc.name))
+        }
+        Err(e) => bail!(
+            "attaching the XDP program to {} in {} mode: {} (--xdp-mode generic works on every interface)",
+            ifc.name,
+            first.as_str(),
+            os_text(&e)
+        ),
+    }
+}
+
+/// The foreground loop. Returns what stopped it.
+fn serve(
+    plan: &Plan,
+    ifc: &Interface,
+    dp: &mut Dataplane,
+    nl: &mut netlink::Socket,
+    events: &mut netlink::Socket,
+    signals: &SignalFd,
+    backends: &[IpAddr],
+) -> Result<String> {
+    let started = Instant::now();
+    let mut next_refresh = started + NEIGHBOUR_REFRESH;
+    let mut next_stats = plan.stats_interval.map(|i| started + i);
+    let mut last_stats: Option<(Instant, stats::Snapshot)> = None;
+    // Backends whose resolution failed and was reported.
+    let mut failing = HashSet::new();
+    loop {
+        let now = Instant::now();
+        let wake = next_stats.map_or(next_refresh, |s| s.min(next_refresh));
+        let timeout = PollTimeout::try_from(wake.saturating_duration_since(now)).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(events.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e).context("waiting for events"),
+        }
+
+        if let Ok(Some(sig)) = signals.read_signal() {
+            let name = Signal::try_from(sig.ssi_signo as i32).map_or("a signal", |s| s.as_str());
+            return Ok(name.to_string());
+        }
+        match events.drain_neighbour_events() {
+            Ok(list) => {
+                for n in list.iter().filter(|n| n.ifindex == ifc.ifindex && backends.contains(&n.addr)) {
+                    apply_neighbour(dp, n, &mut failing)?;
+                }
+            }
+            Err(e) => {
+                log(format!("neighbour events were lost ({e}); re-reading the table"));
+                next_refresh = Instant::now();
+            }
+        }
+
+        let now = Instant::now();
+        if now >= next_refresh {
+            next_refresh = now + NEIGHBOUR_REFRESH;
+            if nix::net::if_::if_nametoindex(ifc.name.as_str()).ok() != Some(ifc.ifindex) {
+                bail!("{} went away; the kernel detached the program with it", ifc.name);
+            }
+            refresh_neighbours(dp, ifc, nl, backends, &mut failing)?;
+        }
+        if let (Some(interval), Some(due)) = (plan.stats_interval, next_stats) {
+            if now >= due {
+                next_stats = Some(due + interval);
+                let snap = dp.snapshot()?;
+                let seconds = last_stats.as_ref().map_or(now - started, |(t, _)| now - *t).as_secs_f64();
+                let mut out = std::io::stdout().lock();
+                write!(out, "{}", stats::text(&snap, last_stats.as_ref().map(|(_, s)| s), seconds))?;
+                out.flush()?;
+                last_stats = Some((now, snap));
+            }
+        }
+    }
+}
+
+/// A neighbour change for a backend address: take a new MAC; on loss, keep the last known one
+/// (the backend most likely still has it) and ask the kernel to resolve again.
+fn apply_neighbour(dp: &mut Dataplane, n: &Neighbour, failing: &mut HashSet<IpAddr>) -> Result<()> {
+    match n.mac {
+        Some(mac) => {
+            failing.remove(&n.addr);
+            let before = dp.mac(n.addr);
+            if dp.set_mac(n.addr, Some(mac))? {
+                match before {
+                    Some(old) => log(format!("backend {} moved from MAC {} to {}", n.addr, mac_text(&old), mac_text(&mac))),
+                    None => log(format!("backend {} resolved to MAC {}", n.addr, mac_text(&mac))),
+                }
+            }
+        }
+        None if n.deleted => netlink::prime(n.addr),
+        // Said once per failure, not on every retry.
+        None if n.state == netlink::NUD_FAILED && !failing.insert(n.addr) => {}
+        None if n.state == netlink::NUD_FAILED => match dp.mac(n.addr) {
+            Some(_) => log(format!("backend {} does not answer ARP/ND (neighbour entry failed); keeping its last known MAC", n.addr)),
+            None => log(format!("backend {} does not answer ARP/ND; its packets are dropped (no_mac) until it does", n.addr)),
+        },
+        None => {}
+    }
+    Ok(())
+}
+
+/// Re-reads the neighbour table: takes any MAC the events missed, and primes backends without a
+/// usable entry or with a stale one (which the kernel then re-confirms).
+fn refresh_neighbours(
+    dp: &mut Dataplane,
+    ifc: &Interface,
+    nl: &mut netlink::Socket,
+    backends: &[IpAddr],
+    failing: &mut HashSet<IpAddr>,
+) -> Result<()> {
+    let table = nl.neighbours(ifc.ifindex).context("reading the neighbour table")?;
+    for &addr in backends {
+        match table.iter().find(|n| n.addr == addr) {
+            Some(n) if n.mac.is_some() => {
+                apply_neighbour(dp, n, failing)?;
+                if n.state == netlink::NUD_STALE {
+                    netlink::prime(addr);
+                }
+            }
+            _ => netlink::prime(addr),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! Counter snapshots of a running load balancer and how `--stats-interval` prints them.
+//! Kernel-free: the data plane fills a [`Snapshot`], this module only does arithmetic and text.
+
+use std::fmt::Write;
+
+/// Packets and bytes, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendCounters {
+    /// The backend's name, or its address when it has none.
+    pub label: String,
+    pub address: std::net::IpAddr,
+    pub weight: u32,
+    /// Whether its MAC is resolved (packets to it are dropped as `no_mac` until it is).
+    pub mac_known: bool,
+    pub traffic: Traffic,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceCounters {
+    pub name: String,
+    /// `10.99.0.100:80/tcp`
+    pub endpoint: String,
+    pub traffic: Traffic,
+    pub backends: Vec<BackendCounters>,
+}
+
+/// Everything the data plane counts, at one moment.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Snapshot {
+    /// Packets sent to a backend.
+    pub forwarded: u64,
+    /// Packets handed to the kernel unchanged (not for a service).
+    pub passed: u64,
+    /// Dropped packets by reason, in the data plane's order.
+    pub drops: Vec<(&'static str, u64)>,
+    pub services: Vec<ServiceCounters>,
+}
+
+impl Snapshot {
+    pub fn dropped(&self) -> u64 {
+        self.drops.iter().map(|d| d.1).sum()
+    }
+}
+
+fn rate(now: u64, before: u64, seconds: f64) -> String {
+    let d = now.saturating_sub(before) as f64;
+    if seconds <= 0.0 {
+        return "-".to_string();
+    }
+    let r = d / seconds;
+    if r >= 1e6 {
+        format!("{:.2}M/s", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1}k/s", r / 1e3)
+    } else {
+        format!("{r:.0}/s")
+    }
+}
+
+/// The text printed every `--stats-interval`: totals since attach, and packet rates over the
+/// last `seconds` against the `previous` snapshot (or since attach when there is none).
+pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64) -> String {
+    let empty = Snapshot::default();
+    let prev = previous.unwrap_or(&empty);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "stats: forwarded {} ({}), passed {} ({}), dropped {} ({})",
+        now.forwarded,
+        rate(now.forwarded, prev.forwarded, seconds),
+        now.passed,
+        rate(now.passed, prev.passed, seconds),
+        now.dropped(),
+        rate(now.dropped(), prev.dropped(), seconds),
+    );
+    let drops: Vec<String> = now.drops.iter().map(|(name, n)| format!("{name}={n}")).collect();
+    let _ = writeln!(out, "  drops: {}", drops.join(" "));
+    for s in &now.services {
+        let ps = prev.services.iter().find(|p| p.name == s.name);
+        let before = ps.map_or(0, |p| p.traffic.packets);
+        let _ = writeln!(
+            out,
+            "  service {} {}: packets {} ({}), bytes {}",
+            s.name,
+            s.endpoint,
+            s.traffic.packets,
+            rate(s.traffic.packets, before, seconds),
+            s.traffic.bytes
+        );
+        for b in &s.backends {
+            let before = ps
+                .and_then(|p| p.backends.iter().find(|x| x.label == b.label))
+                .map_or(0, |x| x.traffic.packets);
+            let share = if s.traffic.packets > 0 { b.traffic.packets as f64 / s.traffic.packets as f64 * 100.0 } else { 0.0 };
+            let _ = writeln!(
+                out,
+                "    backend {} {} weight {}: packets {} ({}, {share:.1}%), bytes {}{}",
+                b.label,
+                b.address,
+                b.weight,
+                b.traffic.packets,
+                rate(b.traffic.packets, before, seconds),
+                b.traffic.bytes,
+                if b.mac_known { "" } else { " [MAC unresolved]" }
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(fwd: u64, b1: u64, b2: u64) -> Snapshot {
+        let be = |label: &str, packets: u64| BackendCounters {
+            label: label.to_string(),
+            address: "10.0.0.1".parse().unwrap(),
+            weight: 1,
+            mac_known: label == "b1",
+            traffic: Traffic { packets, bytes: packets * 100 },
+        };
+        Snapshot {
+            forwarded: fwd,
+            passed: 7,
+            drops: vec![("malformed", 2), ("no_mac", 3)],
+            services: vec![ServiceCounters {
+                name: "web".into(),
+                endpoint: "10.0.0.100:80/tcp".into(),
+                traffic: Traffic { packets: b1 + b2, bytes: (b1 + b2) * 100 },
+                backends: vec![be("b1", b1), be("b2", b2)],
+            }],
+        }
+    }
+
+    #[test]
+    fn text_shows_totals_rates_shares_and_drop_reasons() {
+        let before = snap(100, 60, 40);
+        let now = snap(1100, 560, 540);
+        let t = text(&now, Some(&before), 2.0);
+        assert!(t.starts_with("stats: forwarded 1100 (500/s), passed 7 (0/s), dropped 5 (0/s)\n"), "{t}");
+        assert!(t.contains("  drops: malformed=2 no_mac=3\n"), "{t}");
+        assert!(t.contains("  service web 10.0.0.100:80/tcp: packets 1100 (500/s), bytes 110000\n"), "{t}");
+        assert!(t.contains("    backend b1 10.0.0.1 weight 1: packets 560 (250/s, 50.9%), bytes 56000\n"), "{t}");
+        assert!(t.contains("    backend b2 10.0.0.1 weight 1: packets 540 (250/s, 49.1%), bytes 54000 [MAC unresolved]\n"), "{t}");
+    }
+}

@@ -1,0 +1,253 @@
+//! Helpers for the root tests: network namespaces that remove themselves, and `lb attach`
+//! processes that are always stopped. Every name carries the test process's id, so parallel tests
+//! and parallel runs never meet.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+pub fn require_root() {
+    assert!(nix::unistd::geteuid().is_root(), "root_* tests need root (CAP_BPF, CAP_NET_ADMIN)");
+}
+
+/// Runs a command, failing the test with its output if it fails.
+pub fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace, deleted (with every link inside it) when dropped.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(role: &str) -> Netns {
+        let name = format!("lbt{}-{}-{role}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        sh(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `ip -n NAME ...`
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["ip", "-n", &self.name];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    /// A command inside the namespace.
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Whether `dev` has an XDP program attached.
+    pub fn has_xdp(&self, dev: &str) -> bool {
+        let out = self.ip(&["-d", "link", "show", "dev", dev]);
+        out.contains("prog/xdp") || out.contains(" xdp")
+    }
+
+    pub fn mac(&self, dev: &str) -> String {
+        let out = self.ip(&["link", "show", "dev", dev]);
+        out.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// The load balancer's namespace with `lbv0` (10.77.0.1/24, and the VIP 10.77.0.100) wired to a
+/// backend namespace's `lbv1` (10.77.0.11/24, and fd77::11/64 on fd77::1/64).
+pub struct Pair {
+    pub lb: Netns,
+    pub be: Netns,
+}
+
+pub fn pair() -> Pair {
+    require_root();
+    let lb = Netns::new("lb");
+    let be = Netns::new("be");
+    sh(&["ip", "link", "add", "lbv0", "netns", &lb.name, "type", "veth", "peer", "name", "lbv1", "netns", &be.name]);
+    lb.ip(&["addr", "add", "10.77.0.1/24", "dev", "lbv0"]);
+    lb.ip(&["addr", "add", "10.77.0.100/32", "dev", "lbv0"]);
+    lb.ip(&["addr", "add", "fd77::1/64", "dev", "lbv0", "nodad"]);
+    lb.ip(&["link", "set", "lbv0", "up"]);
+    be.ip(&["addr", "add", "10.77.0.11/24", "dev", "lbv1"]);
+    be.ip(&["addr", "add", "fd77::11/64", "dev", "lbv1", "nodad"]);
+    be.ip(&["link", "set", "lbv1", "up"]);
+    Pair { lb, be }
+}
+
+pub fn write_config(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write config");
+    p
+}
+
+/// A scratch directory, removed when dropped (a failing test included).
+pub struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn temp_dir() -> TempDir {
+    let d = std::env::temp_dir().join(format!("lbt{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    TempDir(d)
+}
+
+pub const LB: &str = env!("CARGO_BIN_EXE_lb");
+
+/// `lb ...` inside a namespace, run to completion with a time bound.
+pub fn lb_run(ns: &Netns, args: &[&str]) -> Output {
+    let mut child = ns.cmd(LB).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lb");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("lb {args:?} did not finish in 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `lb attach`, killed when dropped. Its stderr and stdout lines arrive on channels.
+pub struct Running {
+    pub child: Child,
+    pub stderr: Receiver<String>,
+    pub stdout: Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+fn lines(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl Running {
+    pub fn start(ns: &Netns, args: &[&str]) -> Running {
+        let mut child = ns.cmd(LB).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lb");
+        let stderr = lines(child.stderr.take().expect("stderr"));
+        let stdout = lines(child.stdout.take().expect("stdout"));
+        Running { child, stderr, stdout, seen: Vec::new() }
+    }
+
+    /// Waits for a stderr line containing `needle`; returns it. Panics with everything seen.
+    pub fn wait_for(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("no stderr line containing {needle:?} within {within:?}; saw:\n{}", self.seen.join("\n"));
+    }
+
+    /// Waits for a stdout line containing `needle`.
+    pub fn wait_stdout(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.stdout.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => seen.push(line),
+                Err(_) => break,
+            }
+        }
+        panic!("no stdout line containing {needle:?} within {within:?}; saw:\n{}", seen.join("\n"));
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        // `ip netns exec` execs lb, so the child's pid is lb's.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
+    }
+
+    /// Waits for the process to end, within a bound.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                // Collect what it said last.
+                while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(line);
+                }
+                return st;
+            }
+            assert!(Instant::now() < deadline, "lb did not exit within {within:?}; saw:\n{}", self.seen.join("\n"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The XDP program id from the "attached to" line.
+    pub fn prog_id(line: &str) -> u32 {
+        line.split("program id ").nth(1).and_then(|r| r.split(',').next()).and_then(|n| n.trim().parse().ok()).expect("program id in line")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The entries of one of program `prog_id`'s maps, read with bpftool, as (key bytes, value bytes).
+pub fn map_entries(prog_id: u32, map_name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let prog: serde_json::Value =
+        serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "id", &prog_id.to_string()])).expect("bpftool json");
+    let ids: Vec<u64> = prog["map_ids"].as_array().expect("map_ids").iter().filter_map(|v| v.as_u64()).collect();
+    for id in ids {
+        let map: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "map", "show", "id", &id.to_string()])).expect("json");
+        if map["name"].as_str() == Some(map_name) {
+            let dump: serde_json::Value =
+                serde_json::from_str(&sh(&["bpftool", "-j", "map", "dump", "id", &id.to_string()])).expect("json");
+            let hex = |v: &serde_json::Value| -> Vec<u8> {
+                v.as_array()
+                    .expect("byte list")
+                    .iter()
+                    .map(|b| u8::from_str_radix(b.as_str().expect("hex").trim_start_matches("0x"), 16).expect("hex byte"))
+                    .collect()
+            };
+            return dump.as_array().expect("entries").iter().map(|e| (hex(&e["key"]), hex(&e["value"]))).collect();
+        }
+    }
+    panic!("program {prog_id} has no map named {map_name}");
+}

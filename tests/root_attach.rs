@@ -1,0 +1,228 @@
+//! `lb attach` against real interfaces in network namespaces this test creates: attach, logs,
+//! MAC resolution, counters, clean detach, and every refusal leaving nothing attached.
+//! Needs root: run with `cargo test --test root_attach`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const POOL: &str = "services:
+  - name: web
+    vip: 10.77.0.100
+    port: 80
+    backends:
+      - {address: 10.77.0.11, name: b1}
+  - name: dns
+    vip: 10.77.0.100
+    port: 53
+    protocol: udp
+    hash: flow
+    backends:
+      - {address: 10.77.0.11, name: b1}
+";
+
+const SECS: Duration = Duration::from_secs(15);
+
+fn start(p: &Pair, config: &std::path::Path, extra: &[&str]) -> (Running, String) {
+    let mut args = vec!["attach", "lbv0", "--config", config.to_str().expect("utf-8 path"), "--resolve-timeout", "1"];
+    args.extend_from_slice(extra);
+    let mut lb = Running::start(&p.lb, &args);
+    let attached = lb.wait_for("attached to lbv0", SECS);
+    lb.wait_for("serving", SECS);
+    (lb, attached)
+}
+
+#[test]
+fn root_attach_logs_resolves_and_detaches_cleanly_on_sigterm_and_sigint() {
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        let p = pair();
+        let dir = temp_dir();
+        let cfg = write_config(&dir, "pool.yaml", POOL);
+        let (mut lb, attached) = start(&p, &cfg, &[]);
+        assert!(attached.contains("in native mode"), "{attached}");
+        assert!(p.lb.has_xdp("lbv0"), "a program is attached while lb runs");
+        // The backend answered ARP, and its MAC went into the log and the backends map.
+        let be_mac = p.be.mac("lbv1");
+        let line = lb.seen.iter().find(|l| l.contains("backend b1 10.77.0.11")).cloned().unwrap_or_default();
+        assert!(line.contains(&format!("MAC {be_mac}")), "{line} vs {be_mac}");
+        assert!(lb.seen.iter().any(|l| l.contains("service web: 10.77.0.100:80/tcp")), "{:?}", lb.seen);
+        assert!(lb.seen.iter().any(|l| l.contains("service dns: 10.77.0.100:53/udp")), "{:?}", lb.seen);
+        let mac_bytes: Vec<u8> = be_mac.split(':').map(|h| u8::from_str_radix(h, 16).expect("hex")).collect();
+        let backends = map_entries(Running::prog_id(&attached), "backends");
+        assert!(backends.iter().any(|(_, v)| v[..6] == mac_bytes[..] && v[6] == 1), "backend record with the resolved MAC");
+
+        lb.signal(sig);
+        let status = lb.wait_exit(SECS);
+        assert_eq!(status.code(), Some(0), "{sig}: {:?}", lb.seen);
+        assert!(lb.seen.iter().any(|l| l.contains(&format!("{}: detached from lbv0", sig.as_str()))), "{:?}", lb.seen);
+        assert!(!p.lb.has_xdp("lbv0"), "{sig} leaves the interface clean");
+    }
+}
+
+#[test]
+fn root_attach_kill_9_leaves_no_program_behind() {
+    let p = pair();
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "pool.yaml", POOL);
+    let (mut lb, _) = start(&p, &cfg, &[]);
+    assert!(p.lb.has_xdp("lbv0"));
+    lb.signal(Signal::SIGKILL);
+    lb.wait_exit(SECS);
+    // The link's last descriptor closed with the process; the kernel detaches asynchronously
+    // but promptly.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while p.lb.has_xdp("lbv0") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!p.lb.has_xdp("lbv0"), "no stale program after kill -9");
+}
+
+#[test]
+fn root_attach_never_replaces_another_program() {
+    let p = pair();
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "pool.yaml", POOL);
+    let (mut first, attached) = start(&p, &cfg, &[]);
+    let id = Running::prog_id(&attached);
+    let out = lb_run(&p.lb, &["attach", "lbv0", "--config", cfg.to_str().expect("utf-8"), "--xdp-mode", "generic"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("lbv0 already has an XDP program attached (program id {id}, native mode)")), "{err}");
+    assert!(err.contains("never replaces"), "{err}");
+    // The first one is untouched and still serving.
+    let still = p.lb.ip(&["-d", "link", "show", "dev", "lbv0"]);
+    assert!(still.contains(&format!("id {id}")), "{still}");
+    first.signal(Signal::SIGTERM);
+    assert_eq!(first.wait_exit(SECS).code(), Some(0));
+}
+
+/// Runs `lb attach` expecting a refusal: exit 1, `needle` in stderr, and no program attached.
+fn refused(p: &Pair, dev: &str, args: &[&str], needle: &str) -> String {
+    let mut full = vec!["attach", dev];
+    full.extend_from_slice(args);
+    let out = lb_run(&p.lb, &full);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{full:?}: {err}");
+    assert!(err.contains(needle), "{full:?}: expected {needle:?} in:\n{err}");
+    assert!(!err.contains("attached to"), "{err}");
+    assert!(!p.lb.has_xdp("lbv0"), "{full:?} left a program attached");
+    err
+}
+
+#[test]
+fn root_attach_refusals_are_clear_and_leave_nothing_attached() {
+    let p = pair();
+    let dir = temp_dir();
+    let good = write_config(&dir, "pool.yaml", POOL);
+    let good = good.to_str().expect("utf-8");
+
+    refused(&p, "nosuch0", &["--config", good], "no such interface `nosuch0` (this network namespace has: lo, lbv0)");
+    refused(&p, "lo", &["--config", good], "`lo` is not an Ethernet interface");
+
+    // A config error is reported before any syscall, with file, line and field.
+    let bad = write_config(&dir, "bad.yaml", &POOL.replace("port: 80", "port: 80000"));
+    refused(&p, "lbv0", &["--config", bad.to_str().expect("utf-8")], "bad.yaml:4:11: services[0].port:");
+    refused(&p, "lbv0", &["--config", &format!("{}/missing.yaml", dir.display())], "missing.yaml: no such file");
+
+    // Backends that L2 DSR cannot reach: off-link, behind a router, this host itself.
+    p.lb.ip(&["route", "add", "10.99.9.0/24", "via", "10.77.0.11"]);
+    let offlink = POOL
+        .replace("{address: 10.77.0.11, name: b1}\n  - name: dns", "{address: 10.55.0.7, name: far}\n  - name: dns")
+        .replace("      - {address: 10.77.0.11, name: b1}\n", "      - {address: 10.77.0.11, name: b1}\n      - {address: 10.99.9.9, name: routed}\n      - {address: 10.77.0.1, name: self}\n");
+    let cfg = write_config(&dir, "offlink.yaml", &offlink);
+    let err = refused(&p, "lbv0", &["--config", cfg.to_str().expect("utf-8")], "lbv0 cannot serve this pool; nothing was attached");
+    assert!(err.contains("offlink.yaml:6:19: services[0].backends[0].address: 10.55.0.7 has no route from this host"), "{err}");
+    assert!(err.contains("services[1].backends[1].address: 10.99.9.9 is behind the router 10.77.0.11"), "{err}");
+    assert!(err.contains("services[1].backends[2].address: 10.77.0.1 is an address of this host"), "{err}");
+
+    // A VIP held by another interface arrives there, not here.
+    p.lb.ip(&["link", "add", "lbx0", "type", "veth", "peer", "name", "lbx1"]);
+    p.lb.ip(&["addr", "add", "10.78.0.100/32", "dev", "lbx0"]);
+    let other_vip = write_config(&dir, "vip.yaml", &POOL.replacen("vip: 10.77.0.100", "vip: 10.78.0.100", 1));
+    refused(&p, "lbv0", &["--config", other_vip.to_str().expect("utf-8")], "services[0].vip: 10.78.0.100 is an address of lbx0");
+
+    // Native mode where the driver has none: a bridge.
+    p.lb.ip(&["link", "add", "lbbr0", "type", "bridge"]);
+    p.lb.ip(&["link", "set", "lbbr0", "up"]);
+    p.lb.ip(&["addr", "add", "10.79.0.1/24", "dev", "lbbr0"]);
+    let br = write_config(&dir, "br.yaml", "services:\n  - name: w\n    vip: 10.79.0.100\n    port: 80\n    backends: [10.79.0.11]\n");
+    let br = br.to_str().expect("utf-8");
+    let out = lb_run(&p.lb, &["attach", "lbbr0", "--config", br, "--xdp-mode", "native", "--resolve-timeout", "0.1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("attaching the XDP program to lbbr0 in native mode: operation not supported"), "{err}");
+    assert!(!p.lb.has_xdp("lbbr0"));
+
+    // Not root: no CAP_BPF / CAP_NET_ADMIN.
+    let out = p
+        .lb
+        .cmd("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", LB, "attach", "lbv0", "--config", good])
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("lb attach needs root, or the capabilities CAP_BPF and CAP_NET_ADMIN"), "{err}");
+    assert!(!p.lb.has_xdp("lbv0"));
+}
+
+#[test]
+fn root_attach_auto_mode_falls_back_to_generic_with_a_warning() {
+    let p = pair();
+    p.lb.ip(&["link", "add", "lbbr0", "type", "bridge"]);
+    p.lb.ip(&["link", "set", "lbbr0", "up"]);
+    p.lb.ip(&["addr", "add", "10.79.0.1/24", "dev", "lbbr0"]);
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "br.yaml", "services:\n  - name: w\n    vip: 10.79.0.100\n    port: 80\n    backends: [10.79.0.11]\n");
+    let mut lb = Running::start(&p.lb, &["attach", "lbbr0", "--config", cfg.to_str().expect("utf-8"), "--resolve-timeout", "0.1"]);
+    lb.wait_for("warning: native XDP is not available on lbbr0 (operation not supported); falling back to generic mode", SECS);
+    let attached = lb.wait_for("attached to lbbr0", SECS);
+    assert!(attached.contains("in generic mode"), "{attached}");
+    lb.wait_for("serving", SECS);
+    assert!(lb.seen.iter().any(|l| l.contains("warning: vip 10.79.0.100 (service w) is not an address of lbbr0")), "{:?}", lb.seen);
+    assert!(lb.seen.iter().any(|l| l.contains("backend 10.79.0.11 weight 1: 65537 slots (100.00%), MAC unresolved")), "{:?}", lb.seen);
+    assert!(p.lb.has_xdp("lbbr0"));
+    lb.signal(Signal::SIGTERM);
+    assert_eq!(lb.wait_exit(SECS).code(), Some(0));
+    assert!(!p.lb.has_xdp("lbbr0"));
+}
+
+#[test]
+fn root_attach_follows_neighbour_changes_and_prints_stats() {
+    let p = pair();
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "pool.yaml", POOL);
+    let (mut lb, attached) = start(&p, &cfg, &["--stats-interval", "0.3"]);
+    let id = Running::prog_id(&attached);
+
+    // Traffic from the backend's side to the UDP service: counted per service and backend.
+    // (It is sent back out towards lbv1 and dropped there: no XDP program on the peer.)
+    for _ in 0..5 {
+        let st = p.be.cmd("bash").args(["-c", "echo hello > /dev/udp/10.77.0.100/53"]).status().expect("bash");
+        assert!(st.success());
+    }
+    let deadline = std::time::Instant::now() + SECS;
+    let mut forwarded = 0;
+    while forwarded < 5 && std::time::Instant::now() < deadline {
+        let line = lb.wait_stdout("stats: forwarded", SECS);
+        forwarded = line.split_whitespace().nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+    }
+    assert!(forwarded >= 5, "forwarded {forwarded}");
+    let svc = lb.wait_stdout("service dns 10.77.0.100:53/udp: packets", SECS);
+    assert!(svc.contains("packets 5 ") || svc.contains("packets 6 "), "{svc}");
+    let be = lb.wait_stdout("backend b1 10.77.0.11 weight 1: packets", SECS);
+    assert!(!be.contains("MAC unresolved"), "{be}");
+    lb.wait_stdout("drops: malformed=0 no_backend=0 no_mac=0 fragment=0 no_table=0", SECS);
+
+    // The kernel learns a new MAC for the backend: lb follows, in the log and in the map.
+    p.lb.ip(&["neigh", "replace", "10.77.0.11", "lladdr", "02:42:00:00:00:42", "dev", "lbv0", "nud", "reachable"]);
+    lb.wait_for("backend 10.77.0.11 moved from MAC", SECS);
+    let backends = map_entries(id, "backends");
+    assert!(backends.iter().any(|(_, v)| v[..6] == [0x02, 0x42, 0, 0, 0, 0x42]), "new MAC in the backends map");
+
+    lb.signal(Signal::SIGTERM);
+    assert_eq!(lb.wait_exit(SECS).code(), Some(0));
+}
