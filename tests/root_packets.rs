@@ -1,18 +1,23 @@
-//! Packet fixtures through the real XDP program and real maps, with BPF_PROG_TEST_RUN.
+//! Packet fixtures through the real XDP program and real maps, with BPF_PROG_TEST_RUN, in the
+//! style of Katran's tests: a description, an input frame, the expected action and the expected
+//! output frame. Expected backends come from the kernel-free core (table + flow hash), so every
+//! forwarded fixture also checks that the C and Rust flow hashes agree.
 //! Needs root (CAP_BPF): run with `cargo test --test root_packets`.
 
+mod common;
+
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
+use common::packet::*;
+use lb::config::{parse_str, Pool};
 use lb::dataplane::{types, Dataplane};
-use lb::config::{parse_str, HashMode};
 use lb::flowhash::flow_hash;
 use lb::table;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
-const IFMAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
 
 const POOL: &str = "services:
   - name: web
@@ -23,101 +28,340 @@ const POOL: &str = "services:
       - {address: 10.99.0.11, name: b1}
       - {address: 10.99.0.12, name: b2}
       - {address: 10.99.0.13, name: b3, weight: 2}
+  - name: dns
+    vip: 10.99.0.100
+    port: 53
+    protocol: udp
+    algorithm: maglev
+    slots: 65537
+    backends:
+      - {address: 10.99.0.21, name: d1}
+      - {address: 10.99.0.22, name: d2}
+  - name: v6
+    vip: 'fd00::100'
+    port: 443
+    hash: flow
+    backends:
+      - {address: 'fd00::11', name: s1}
+      - {address: 'fd00::12', name: s2}
+  - name: sticky
+    vip: 10.99.0.150
+    port: 80
+    hash: client-ip
+    backends:
+      - {address: 10.99.0.31, name: c1}
+      - {address: 10.99.0.32, name: c2}
+      - {address: 10.99.0.33, name: c3}
+  - name: empty
+    vip: 10.99.0.200
+    port: 80
+    backends:
+      - {address: 10.99.0.41, weight: 0}
 ";
 
 fn backend_mac(addr: IpAddr) -> Option<[u8; 6]> {
     match addr {
-        IpAddr::V4(a) => Some([0x02, 0xbb, 0, 0, 0, a.octets()[3]]),
-        IpAddr::V6(a) => Some([0x02, 0xbb, 0, 0, 1, a.octets()[15]]),
+        IpAddr::V4(a) => Some([0x02, 0xbb, 0, 0, 4, a.octets()[3]]),
+        IpAddr::V6(a) => Some([0x02, 0xbb, 0, 0, 6, a.octets()[15]]),
     }
 }
 
-fn csum(bytes: &[u8]) -> u16 {
-    let mut s: u32 = bytes.chunks(2).map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32).sum();
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    !(s as u16)
-}
-
-/// Ethernet + IPv4 + TCP SYN with 8 bytes of payload.
-fn ipv4_tcp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&IFMAC);
-    f.extend_from_slice(&CLIENT_MAC);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0];
-    ip.extend_from_slice(&src.octets());
-    ip.extend_from_slice(&dst.octets());
-    let total = 20 + 20 + 8;
-    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    let c = csum(&ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&ip);
-    let mut tcp = vec![0u8; 20];
-    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = 0x02;
-    f.extend_from_slice(&tcp);
-    f.extend_from_slice(b"payload!");
-    f
-}
-
-fn setup() -> (Dataplane, lb::config::Pool) {
-    assert!(nix::unistd::geteuid().is_root(), "root_packets tests need root (CAP_BPF)");
-    let pool = parse_str("pool.yaml", POOL).unwrap();
+fn setup_with(mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> (Dataplane, Pool) {
+    common::require_root();
+    let pool = parse_str("pool.yaml", POOL).expect("fixture pool is valid");
     let mut dp = Dataplane::load().expect("load");
-    dp.install(&pool, IFMAC, &backend_mac).expect("install");
+    dp.install(&pool, IFMAC, mac_of).expect("install");
     (dp, pool)
 }
 
-/// The backend the table says a flow goes to.
-fn expected_backend(pool: &lb::config::Pool, src: Ipv4Addr, sport: u16) -> IpAddr {
-    let s = &pool.services[0];
-    let h = flow_hash(HashMode::Flow, src.into(), s.vip, sport, s.port, 6);
+fn setup() -> (Dataplane, Pool) {
+    setup_with(&backend_mac)
+}
+
+/// The backend the kernel-free core says a packet reaches.
+fn predict(pool: &Pool, service: &str, src: IpAddr, sport: u16, proto: u8) -> IpAddr {
+    let s = pool.service(service).expect("service");
+    let h = flow_hash(s.hash, src, s.vip, sport, s.port, proto);
     let t = table::build_service(s);
-    s.backends[t.owner((h % s.slots) as usize).unwrap()].address
+    s.backends[t.owner((h % s.slots) as usize).expect("slot has an owner")].address
+}
+
+/// `frame` as the program should send it to `backend`: only the Ethernet addresses change.
+fn forwarded(frame: &[u8], backend: IpAddr) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    out[0..6].copy_from_slice(&backend_mac(backend).expect("mac"));
+    out[6..12].copy_from_slice(&IFMAC);
+    out
+}
+
+struct Fixture {
+    description: &'static str,
+    input: Vec<u8>,
+    action: u32,
+    output: Vec<u8>,
+    /// The counter this packet must add one to.
+    counter: types::lb_stat,
+}
+
+fn tx(description: &'static str, input: Vec<u8>, backend: IpAddr) -> Fixture {
+    let output = forwarded(&input, backend);
+    Fixture { description, input, action: XDP_TX, output, counter: types::lb_stat::LB_STAT_FORWARDED }
+}
+
+fn pass(description: &'static str, input: Vec<u8>) -> Fixture {
+    Fixture { description, output: input.clone(), input, action: XDP_PASS, counter: types::lb_stat::LB_STAT_PASSED }
+}
+
+fn drop(description: &'static str, input: Vec<u8>, counter: types::lb_stat) -> Fixture {
+    Fixture { description, output: input.clone(), input, action: XDP_DROP, counter }
+}
+
+fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
+    for f in fixtures {
+        let before = dp.stat(f.counter).expect("stat");
+        let (action, out) = dp.test_run(&f.input).expect("test_run");
+        assert_eq!(action, f.action, "{}: action", f.description);
+        assert_eq!(out, f.output, "{}: output frame", f.description);
+        assert_eq!(dp.stat(f.counter).expect("stat") - before, 1, "{}: counted once as {:?}", f.description, f.counter);
+    }
 }
 
 #[test]
-fn root_ipv4_tcp_syn_to_vip_goes_to_the_tables_backend() {
+fn root_fixtures_forward_pass_and_drop_as_specified() {
     let (dp, pool) = setup();
-    for sport in [1000u16, 2000, 3000, 40000, 65535] {
-        let src = Ipv4Addr::new(10, 99, 0, 1);
-        let frame = ipv4_tcp(src, Ipv4Addr::new(10, 99, 0, 100), sport, 80);
-        let (action, out) = dp.test_run(&frame).unwrap();
-        assert_eq!(action, XDP_TX, "sport {sport}");
-        let want = backend_mac(expected_backend(&pool, src, sport)).unwrap();
-        assert_eq!(&out[0..6], &want, "sport {sport}: destination MAC");
-        assert_eq!(&out[6..12], &IFMAC, "source MAC");
-        assert_eq!(&out[12..], &frame[12..], "only the Ethernet addresses change");
+    let client = v4("192.0.2.7");
+    let vip = v4("10.99.0.100");
+    let c = IpAddr::V4(client);
+    let frag_first = V4Opts { more_fragments: true, ..Default::default() };
+    let frag_next = V4Opts { frag_offset: 3, ..Default::default() };
+    let v6client = v6("2001:db8::7");
+    let fixtures = vec![
+        tx("IPv4 TCP SYN to the web VIP goes to the table's backend", ipv4_simple(client, vip, L4::syn(40000, 80)), predict(&pool, "web", c, 40000, 6)),
+        tx("IPv4 UDP to the dns VIP goes to the table's backend", ipv4_simple(client, vip, L4::Udp { sport: 5353, dport: 53 }), predict(&pool, "dns", c, 5353, 17)),
+        tx(
+            "IPv6 TCP SYN to the v6 VIP goes to the table's backend",
+            ipv6(v6client, v6("fd00::100"), L4::syn(40001, 443), None, b"hello"),
+            predict(&pool, "v6", IpAddr::V6(v6client), 40001, 6),
+        ),
+        tx(
+            "IPv4 with 4 bytes of options is parsed past them",
+            ipv4(None, client, vip, L4::syn(40002, 80), &V4Opts { options: vec![1, 1, 1, 0], ..Default::default() }, b"x"),
+            predict(&pool, "web", c, 40002, 6),
+        ),
+        tx(
+            "IPv4 with the maximum 40 bytes of options",
+            ipv4(None, client, vip, L4::syn(40003, 80), &V4Opts { options: vec![1; 40], ..Default::default() }, b"x"),
+            predict(&pool, "web", c, 40003, 6),
+        ),
+        tx(
+            "802.1Q-tagged IPv4 TCP: forwarded with its tag kept",
+            ipv4(Some(42), client, vip, L4::syn(40004, 80), &V4Opts::default(), b"tagged"),
+            predict(&pool, "web", c, 40004, 6),
+        ),
+        tx(
+            "a first fragment (ports present) under flow hash goes by its 5-tuple",
+            ipv4(None, client, vip, L4::syn(40005, 80), &frag_first, b"first part"),
+            predict(&pool, "web", c, 40005, 6),
+        ),
+        drop(
+            "a non-first fragment under flow hash has no ports: dropped, counted",
+            ipv4(None, client, vip, L4::syn(40005, 80), &frag_next, b"second part"),
+            types::lb_stat::LB_DROP_FRAGMENT,
+        ),
+        tx(
+            "a first fragment under client-ip goes to the client's backend",
+            ipv4(None, client, v4("10.99.0.150"), L4::syn(40006, 80), &frag_first, b"first part"),
+            predict(&pool, "sticky", c, 0, 6),
+        ),
+        tx(
+            "a non-first fragment under client-ip follows its client to the same backend",
+            ipv4(None, client, v4("10.99.0.150"), L4::syn(40006, 80), &frag_next, b"second part"),
+            predict(&pool, "sticky", c, 0, 6),
+        ),
+        drop(
+            "a service whose table is empty drops, counted as no backend",
+            ipv4_simple(client, v4("10.99.0.200"), L4::syn(40007, 80)),
+            types::lb_stat::LB_DROP_NO_BACKEND,
+        ),
+        pass("the VIP on a port without a service passes unchanged", ipv4_simple(client, vip, L4::syn(40008, 81))),
+        pass("UDP to a TCP service's port passes unchanged", ipv4_simple(client, vip, L4::Udp { sport: 1, dport: 80 })),
+        pass("another address passes unchanged", ipv4_simple(client, v4("10.99.0.101"), L4::syn(40009, 80))),
+        pass("ARP for the VIP passes unchanged", arp_request(client, vip)),
+        pass("ICMP echo to the VIP passes unchanged", ipv4_simple(client, vip, L4::IcmpEcho)),
+        pass("ICMPv6 echo to the v6 VIP passes unchanged", ipv6(v6client, v6("fd00::100"), L4::IcmpEcho, None, b"ping")),
+        pass("the v6 VIP on another port passes unchanged", ipv6(v6client, v6("fd00::100"), L4::syn(1, 444), None, b"")),
+        pass(
+            "IPv6 with an extension header is not parsed: passes unchanged",
+            ipv6(v6client, v6("fd00::100"), L4::syn(1, 443), Some(0), b""),
+        ),
+        pass("an 802.1Q-tagged ARP passes unchanged", {
+            let mut f = arp_request(client, vip);
+            f.splice(12..12, [0x81, 0x00, 0x00, 0x2a]);
+            f
+        }),
+        drop(
+            "IPv4 with a header length below 20 bytes is malformed",
+            {
+                let mut f = ipv4_simple(client, vip, L4::syn(1, 80));
+                f[14] = 0x44;
+                f
+            },
+            types::lb_stat::LB_DROP_MALFORMED,
+        ),
+        drop(
+            "IPv4 whose total length exceeds the frame is malformed",
+            {
+                let mut f = ipv4_simple(client, vip, L4::syn(1, 80));
+                f[16..18].copy_from_slice(&1500u16.to_be_bytes());
+                f
+            },
+            types::lb_stat::LB_DROP_MALFORMED,
+        ),
+        drop(
+            "TCP with a data offset below 5 words is malformed",
+            {
+                let mut f = ipv4_simple(client, vip, L4::syn(1, 80));
+                f[14 + 20 + 12] = 4 << 4;
+                f
+            },
+            types::lb_stat::LB_DROP_MALFORMED,
+        ),
+    ];
+    run_fixtures(&dp, &fixtures);
+}
+
+#[test]
+fn root_every_truncation_is_never_forwarded_and_counted_as_malformed() {
+    let (dp, _) = setup();
+    let client = v4("192.0.2.7");
+    let frames = [
+        ("IPv4 TCP", ipv4_simple(client, v4("10.99.0.100"), L4::syn(1234, 80))),
+        ("IPv4 UDP", ipv4_simple(client, v4("10.99.0.100"), L4::Udp { sport: 1234, dport: 53 })),
+        ("IPv6 TCP", ipv6(v6("2001:db8::1"), v6("fd00::100"), L4::syn(1234, 443), None, b"payload")),
+        (
+            "tagged IPv4 with options",
+            ipv4(Some(7), client, v4("10.99.0.100"), L4::syn(1, 80), &V4Opts { options: vec![1; 8], ..Default::default() }, b"p"),
+        ),
+    ];
+    for (what, frame) in frames {
+        let (action, _) = dp.test_run(&frame).expect("test_run");
+        assert_eq!(action, XDP_TX, "{what}: the whole frame is forwarded");
+        let before = dp.stat(types::lb_stat::LB_DROP_MALFORMED).expect("stat");
+        let mut ran = 0;
+        for len in 0..frame.len() {
+            match dp.test_run(&frame[..len]) {
+                Ok((action, _)) => {
+                    assert_eq!(action, XDP_DROP, "{what}: length {len} of {}", frame.len());
+                    ran += 1;
+                }
+                // The kernel refuses XDP test frames shorter than an Ethernet header, so those
+                // never reach the program at all.
+                Err(_) => assert!(len < 14, "{what}: length {len} refused"),
+            }
+        }
+        let after = dp.stat(types::lb_stat::LB_DROP_MALFORMED).expect("stat");
+        assert_eq!(after - before, ran, "{what}: every truncation counted as malformed");
+        assert_eq!(ran, (frame.len() - 14) as u64);
+    }
+}
+
+/// splitmix64: a deterministic stream of flows.
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
     }
 }
 
 #[test]
-fn root_other_port_and_other_address_pass_unchanged() {
-    let (dp, _) = setup();
-    for frame in [
-        ipv4_tcp(Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 100), 1234, 81),
-        ipv4_tcp(Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 101), 1234, 80),
-    ] {
-        let (action, out) = dp.test_run(&frame).unwrap();
-        assert_eq!(action, XDP_PASS);
-        assert_eq!(out, frame);
+fn root_100k_random_flows_follow_the_table_and_its_shares() {
+    let (dp, pool) = setup();
+    let web = pool.service("web").expect("web");
+    let t = table::build_service(web);
+    let shares = table::shares(web, &t);
+    let mac_to_backend: HashMap<[u8; 6], usize> =
+        web.backends.iter().enumerate().map(|(i, b)| (backend_mac(b.address).expect("mac"), i)).collect();
+    let mut next = rng(7);
+    let n = 100_000u64;
+    let mut counts = vec![0u64; web.backends.len()];
+    for _ in 0..n {
+        let r = next();
+        let src = Ipv4Addr::from((r >> 32) as u32 | 0x0100_0000);
+        let sport = (r as u16).max(1);
+        let frame = ipv4_simple(src, v4("10.99.0.100"), L4::syn(sport, 80));
+        let (action, out) = dp.test_run(&frame).expect("test_run");
+        assert_eq!(action, XDP_TX);
+        let mac: [u8; 6] = out[0..6].try_into().expect("6 bytes");
+        let got = mac_to_backend[&mac];
+        // Per flow: exactly the backend the kernel-free core predicts.
+        let h = flow_hash(web.hash, src.into(), web.vip, sport, web.port, 6);
+        assert_eq!(Some(got), t.owner((h % web.slots) as usize), "{src}:{sport}");
+        counts[got] += 1;
+    }
+    // In aggregate: each backend's count within 5 standard deviations of its table share.
+    for (i, (count, share)) in counts.iter().zip(&shares).enumerate() {
+        let expect = share.share * n as f64;
+        let sigma = (n as f64 * share.share * (1.0 - share.share)).sqrt();
+        assert!(
+            (*count as f64 - expect).abs() < 5.0 * sigma,
+            "backend {i}: {count} flows, expected {expect:.0} ± {:.0} (share {:.4})",
+            5.0 * sigma,
+            share.share
+        );
+    }
+    // The per-backend counters agree with what was observed.
+    let snap = dp.snapshot().expect("snapshot");
+    let sweb = snap.services.iter().find(|s| s.name == "web").expect("web counters");
+    assert_eq!(sweb.traffic.packets, n);
+    for (b, count) in sweb.backends.iter().zip(&counts) {
+        assert_eq!(b.traffic.packets, *count, "counter of {}", b.label);
     }
 }
 
 #[test]
-fn root_every_truncation_is_never_forwarded_and_counted() {
-    let (dp, _) = setup();
-    let frame = ipv4_tcp(Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 100), 1234, 80);
-    let before = dp.stat(types::lb_stat::LB_DROP_MALFORMED).unwrap();
-    // BPF_PROG_TEST_RUN refuses XDP frames shorter than an Ethernet header, so start at 14.
-    for len in 14..frame.len() {
-        let (action, _) = dp.test_run(&frame[..len]).unwrap();
-        assert_eq!(action, XDP_DROP, "length {len}");
+fn root_client_ip_sends_every_source_port_of_a_client_to_one_backend() {
+    let (dp, pool) = setup();
+    let mut seen_backends = std::collections::HashSet::new();
+    for client in 1..=64u8 {
+        let src = Ipv4Addr::new(198, 51, 100, client);
+        let want = forwarded(&[0u8; 12], predict(&pool, "sticky", src.into(), 0, 6));
+        let mut macs = std::collections::HashSet::new();
+        for sport in (1..=65535u16).step_by(257) {
+            for l4 in [L4::syn(sport, 80), L4::Tcp { sport, dport: 80, flags: 0x10 }] {
+                let (action, out) = dp.test_run(&ipv4_simple(src, v4("10.99.0.150"), l4)).expect("test_run");
+                assert_eq!(action, XDP_TX);
+                macs.insert(out[0..6].to_vec());
+            }
+        }
+        assert_eq!(macs.len(), 1, "client {src}: every source port on one backend");
+        assert!(macs.contains(&want[0..6]), "client {src}: the predicted backend");
+        seen_backends.extend(macs);
     }
-    let after = dp.stat(types::lb_stat::LB_DROP_MALFORMED).unwrap();
-    assert_eq!(after - before, (frame.len() - 14) as u64);
+    assert!(seen_backends.len() > 1, "different clients do spread over backends");
+}
+
+#[test]
+fn root_unresolved_backend_mac_drops_its_packets_counted() {
+    let missing = IpAddr::V4(v4("10.99.0.12"));
+    let (dp, pool) = setup_with(&|a| if a == missing { None } else { backend_mac(a) });
+    let mut dropped = 0;
+    let mut sent = 0;
+    for sport in 1000..1400u16 {
+        let src = v4("192.0.2.9");
+        let frame = ipv4_simple(src, v4("10.99.0.100"), L4::syn(sport, 80));
+        let backend = predict(&pool, "web", src.into(), sport, 6);
+        let f = if backend == missing {
+            dropped += 1;
+            drop("unresolved MAC", frame, types::lb_stat::LB_DROP_NO_MAC)
+        } else {
+            sent += 1;
+            tx("resolved MAC", frame, backend)
+        };
+        run_fixtures(&dp, &[f]);
+    }
+    assert!(dropped > 0 && sent > 0, "both paths exercised: {dropped} dropped, {sent} sent");
 }

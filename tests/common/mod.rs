@@ -3,6 +3,8 @@
 //! and parallel runs never meet.
 #![allow(dead_code)]
 
+pub mod packet;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,154 @@
+//! A small frame builder for packet fixtures: Ethernet (optionally 802.1Q-tagged), IPv4 (with
+//! options and fragment fields), IPv6, TCP, UDP, ICMP and ARP, with correct lengths and IPv4
+//! header checksums.
+#![allow(dead_code)]
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub const IFMAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum L4 {
+    Tcp { sport: u16, dport: u16, flags: u8 },
+    Udp { sport: u16, dport: u16 },
+    IcmpEcho,
+}
+
+impl L4 {
+    pub fn proto(&self) -> u8 {
+        match self {
+            L4::Tcp { .. } => 6,
+            L4::Udp { .. } => 17,
+            L4::IcmpEcho => 1,
+        }
+    }
+
+    pub fn syn(sport: u16, dport: u16) -> L4 {
+        L4::Tcp { sport, dport, flags: 0x02 }
+    }
+
+    fn bytes(&self, payload: &[u8]) -> Vec<u8> {
+        let mut h = match *self {
+            L4::Tcp { sport, dport, flags } => {
+                let mut t = vec![0u8; 20];
+                t[0..2].copy_from_slice(&sport.to_be_bytes());
+                t[2..4].copy_from_slice(&dport.to_be_bytes());
+                t[4..8].copy_from_slice(&1u32.to_be_bytes());
+                t[12] = 5 << 4;
+                t[13] = flags;
+                t[14..16].copy_from_slice(&64240u16.to_be_bytes());
+                t
+            }
+            L4::Udp { sport, dport } => {
+                let mut u = vec![0u8; 8];
+                u[0..2].copy_from_slice(&sport.to_be_bytes());
+                u[2..4].copy_from_slice(&dport.to_be_bytes());
+                u[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+                u
+            }
+            L4::IcmpEcho => vec![8, 0, 0, 0, 0, 1, 0, 1],
+        };
+        h.extend_from_slice(payload);
+        h
+    }
+}
+
+/// What goes in the IPv4 header besides addresses.
+#[derive(Clone, Debug, Default)]
+pub struct V4Opts {
+    /// Options bytes (padded to a multiple of 4 with End-of-Options).
+    pub options: Vec<u8>,
+    /// More-fragments flag.
+    pub more_fragments: bool,
+    /// Fragment offset in 8-byte units; non-zero means no L4 header in this fragment.
+    pub frag_offset: u16,
+}
+
+pub fn csum(bytes: &[u8]) -> u16 {
+    let mut s: u32 = bytes.chunks(2).map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32).sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+fn ethernet(vlan: Option<u16>, ethertype: u16) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&IFMAC);
+    f.extend_from_slice(&CLIENT_MAC);
+    if let Some(id) = vlan {
+        f.extend_from_slice(&0x8100u16.to_be_bytes());
+        f.extend_from_slice(&id.to_be_bytes());
+    }
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+/// An IPv4 frame. A non-first fragment (`frag_offset > 0`) carries `payload` only.
+pub fn ipv4(vlan: Option<u16>, src: Ipv4Addr, dst: Ipv4Addr, l4: L4, opts: &V4Opts, payload: &[u8]) -> Vec<u8> {
+    let mut options = opts.options.clone();
+    options.resize(options.len().div_ceil(4) * 4, 0);
+    assert!(options.len() <= 40);
+    let body = if opts.frag_offset > 0 { payload.to_vec() } else { l4.bytes(payload) };
+    let hlen = 20 + options.len();
+    let mut ip = vec![0x40 | (hlen / 4) as u8, 0];
+    ip.extend_from_slice(&((hlen + body.len()) as u16).to_be_bytes());
+    ip.extend_from_slice(&0x1234u16.to_be_bytes());
+    let frag = (if opts.more_fragments { 0x2000 } else { 0 }) | opts.frag_offset;
+    ip.extend_from_slice(&frag.to_be_bytes());
+    ip.extend_from_slice(&[64, l4.proto(), 0, 0]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    ip.extend_from_slice(&options);
+    let c = csum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let mut f = ethernet(vlan, 0x0800);
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&body);
+    f
+}
+
+pub fn ipv4_simple(src: Ipv4Addr, dst: Ipv4Addr, l4: L4) -> Vec<u8> {
+    ipv4(None, src, dst, l4, &V4Opts::default(), b"payload!")
+}
+
+/// An IPv6 frame; `next_header` overrides the L4 protocol (to put an extension header id there).
+pub fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, l4: L4, next_header: Option<u8>, payload: &[u8]) -> Vec<u8> {
+    let body = l4.bytes(payload);
+    let mut f = ethernet(None, 0x86DD);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    f.push(next_header.unwrap_or(if l4 == L4::IcmpEcho { 58 } else { l4.proto() }));
+    f.push(64);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// An ARP request "who has `target`? tell `sender`".
+pub fn arp_request(sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&CLIENT_MAC);
+    f.extend_from_slice(&0x0806u16.to_be_bytes());
+    f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&CLIENT_MAC);
+    f.extend_from_slice(&sender.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target.octets());
+    f
+}
+
+pub fn v4(s: &str) -> Ipv4Addr {
+    s.parse().expect("IPv4 literal")
+}
+
+pub fn v6(s: &str) -> Ipv6Addr {
+    s.parse().expect("IPv6 literal")
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().expect("IP literal")
+}
