@@ -1,6 +1,7 @@
-//! Compiles the XDP data plane (src/bpf/lb.bpf.c) into a Rust skeleton in $OUT_DIR.
+//! Compiles the XDP data plane (src/bpf/lb.bpf.c) into a Rust skeleton in $OUT_DIR, and the
+//! benchmark's floor program (src/bpf/floor.bpf.c) next to it.
 //!
-//! Kept boring on purpose: one source, the pinned CO-RE header for the target
+//! Kept boring on purpose: the sources, the pinned CO-RE header for the target
 //! architecture, and a rerun trigger for every file under src/bpf.
 
 use std::env;
@@ -9,11 +10,12 @@ use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const SRC: &str = "src/bpf/lb.bpf.c";
+/// (source, skeleton file in $OUT_DIR)
+const PROGRAMS: [(&str, &str); 2] = [("src/bpf/lb.bpf.c", "lb.skel.rs"), ("src/bpf/floor.bpf.c", "floor.skel.rs")];
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("lb.skel.rs");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let arch = env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
 
     let vmlinux_dir = manifest.join("vmlinux").join(&arch);
@@ -29,11 +31,13 @@ fn main() {
     let mut bpf_dir = OsString::from("-I");
     bpf_dir.push(manifest.join("src").join("bpf").as_os_str());
 
-    SkeletonBuilder::new()
-        .source(manifest.join(SRC))
-        .clang_args([include, bpf_dir, OsString::from("-Wall"), OsString::from("-Werror")])
-        .build_and_generate(&out)
-        .unwrap_or_else(|e| panic!("building the BPF skeleton from {SRC} failed: {e:#}"));
+    for (src, skel) in PROGRAMS {
+        SkeletonBuilder::new()
+            .source(manifest.join(src))
+            .clang_args([include.clone(), bpf_dir.clone(), OsString::from("-Wall"), OsString::from("-Werror")])
+            .build_and_generate(out_dir.join(skel))
+            .unwrap_or_else(|e| panic!("building the BPF skeleton from {src} failed: {e:#}"));
+    }
 
     for entry in std::fs::read_dir(manifest.join("src").join("bpf")).expect("src/bpf exists") {
         let path = entry.expect("readable src/bpf entry").path();

@@ -42,6 +42,8 @@ pub struct Plan {
     pub config: PathBuf,
     pub mode: ModeArg,
     pub stats_interval: Option<Duration>,
+    /// Slots of the data plane's destination-table array.
+    pub table_capacity: u32,
     /// How long to wait at start for backends' MACs before attaching anyway.
     pub resolve_timeout: Duration,
 }
@@ -82,7 +84,7 @@ pub fn run(plan: Plan, pool: Pool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
 
-    let mut dp = Dataplane::load()?;
+    let mut dp = Dataplane::load(plan.table_capacity)?;
     dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("filling the BPF maps")?;
     let xdp = attach_with_mode(&dp, &ifc, plan.mode)?;
     log(format!(

@@ -53,6 +53,11 @@ enum Command {
         /// Print per-service and per-backend counters and drop reasons every SECS seconds.
         #[arg(long, value_name = "SECS", value_parser = seconds)]
         stats_interval: Option<std::time::Duration>,
+        /// Size of the data plane's destination-table array, in slots (4 bytes each): the sum of
+        /// every service's `slots`, with room for tables being replaced.
+        #[arg(long, value_name = "SLOTS", default_value_t = lb::dataplane::DEFAULT_TABLE_CAPACITY,
+              value_parser = clap::value_parser!(u32).range(1..=1 << 28))]
+        table_capacity: u32,
         /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
         resolve_timeout: std::time::Duration,
@@ -105,11 +110,18 @@ fn load(path: &Path) -> Result<Pool> {
 fn run(cli: Cli) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Attach { iface, config, xdp_mode, stats_interval, resolve_timeout } => {
+        Command::Attach { iface, config, xdp_mode, stats_interval, table_capacity, resolve_timeout } => {
             drop(out);
             // The whole pool is validated before the first syscall.
             let pool = load(&config)?;
-            let plan = attach::Plan { iface, config, mode: xdp_mode, stats_interval, resolve_timeout };
+            let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
+            if needed > table_capacity as u64 {
+                bail!(
+                    "{}: the services' tables need {needed} slots in all, more than --table-capacity {table_capacity}",
+                    config.display()
+                );
+            }
+            let plan = attach::Plan { iface, config, mode: xdp_mode, stats_interval, table_capacity, resolve_timeout };
             return attach::run(plan, pool);
         }
         Command::Check { config } => {

@@ -126,6 +126,7 @@ fn root_attach_refusals_are_clear_and_leave_nothing_attached() {
     let bad = write_config(&dir, "bad.yaml", &POOL.replace("port: 80", "port: 80000"));
     refused(&p, "lbv0", &["--config", bad.to_str().expect("utf-8")], "bad.yaml:4:11: services[0].port:");
     refused(&p, "lbv0", &["--config", &format!("{}/missing.yaml", dir.display())], "missing.yaml: no such file");
+    refused(&p, "lbv0", &["--config", good, "--table-capacity", "100000"], "tables need 131074 slots in all, more than --table-capacity 100000");
 
     // Backends that L2 DSR cannot reach: off-link, behind a router, this host itself.
     p.lb.ip(&["route", "add", "10.99.9.0/24", "via", "10.77.0.11"]);

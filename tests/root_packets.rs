@@ -52,6 +52,15 @@ const POOL: &str = "services:
       - {address: 10.99.0.31, name: c1}
       - {address: 10.99.0.32, name: c2}
       - {address: 10.99.0.33, name: c3}
+  - name: v6sticky
+    vip: 'fd00::150'
+    port: 443
+    protocol: udp
+    hash: client-ip
+    backends:
+      - {address: 'fd00::31', name: e1}
+      - {address: 'fd00::32', name: e2}
+      - {address: 'fd00::33', name: e3}
   - name: empty
     vip: 10.99.0.200
     port: 80
@@ -69,7 +78,7 @@ fn backend_mac(addr: IpAddr) -> Option<[u8; 6]> {
 fn setup_with(mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> (Dataplane, Pool) {
     common::require_root();
     let pool = parse_str("pool.yaml", POOL).expect("fixture pool is valid");
-    let mut dp = Dataplane::load().expect("load");
+    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
     dp.install(&pool, IFMAC, mac_of).expect("install");
     (dp, pool)
 }
@@ -100,29 +109,43 @@ struct Fixture {
     action: u32,
     output: Vec<u8>,
     /// The counter this packet must add one to.
-    counter: types::lb_stat,
+    counter: Counter,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Counter {
+    /// The per-backend traffic counters (their sum).
+    Forwarded,
+    Stat(types::lb_stat),
+}
+
+fn counter(dp: &Dataplane, c: Counter) -> u64 {
+    match c {
+        Counter::Forwarded => dp.forwarded().expect("forwarded"),
+        Counter::Stat(s) => dp.stat(s).expect("stat"),
+    }
 }
 
 fn tx(description: &'static str, input: Vec<u8>, backend: IpAddr) -> Fixture {
     let output = forwarded(&input, backend);
-    Fixture { description, input, action: XDP_TX, output, counter: types::lb_stat::LB_STAT_FORWARDED }
+    Fixture { description, input, action: XDP_TX, output, counter: Counter::Forwarded }
 }
 
 fn pass(description: &'static str, input: Vec<u8>) -> Fixture {
-    Fixture { description, output: input.clone(), input, action: XDP_PASS, counter: types::lb_stat::LB_STAT_PASSED }
+    Fixture { description, output: input.clone(), input, action: XDP_PASS, counter: Counter::Stat(types::lb_stat::LB_STAT_PASSED) }
 }
 
 fn drop(description: &'static str, input: Vec<u8>, counter: types::lb_stat) -> Fixture {
-    Fixture { description, output: input.clone(), input, action: XDP_DROP, counter }
+    Fixture { description, output: input.clone(), input, action: XDP_DROP, counter: Counter::Stat(counter) }
 }
 
 fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
     for f in fixtures {
-        let before = dp.stat(f.counter).expect("stat");
+        let before = counter(dp, f.counter);
         let (action, out) = dp.test_run(&f.input).expect("test_run");
         assert_eq!(action, f.action, "{}: action", f.description);
         assert_eq!(out, f.output, "{}: output frame", f.description);
-        assert_eq!(dp.stat(f.counter).expect("stat") - before, 1, "{}: counted once as {:?}", f.description, f.counter);
+        assert_eq!(counter(dp, f.counter) - before, 1, "{}: counted once as {:?}", f.description, f.counter);
     }
 }
 
@@ -182,6 +205,11 @@ fn root_fixtures_forward_pass_and_drop_as_specified() {
             "a service whose table is empty drops, counted as no backend",
             ipv4_simple(client, v4("10.99.0.200"), L4::syn(40007, 80)),
             types::lb_stat::LB_DROP_NO_BACKEND,
+        ),
+        tx(
+            "IPv6 UDP to a client-ip service goes to the client's backend",
+            ipv6(v6client, v6("fd00::150"), L4::Udp { sport: 999, dport: 443 }, None, b"quic?"),
+            predict(&pool, "v6sticky", IpAddr::V6(v6client), 0, 17),
         ),
         pass("the VIP on a port without a service passes unchanged", ipv4_simple(client, vip, L4::syn(40008, 81))),
         pass("UDP to a TCP service's port passes unchanged", ipv4_simple(client, vip, L4::Udp { sport: 1, dport: 80 })),
@@ -364,4 +392,59 @@ fn root_unresolved_backend_mac_drops_its_packets_counted() {
         run_fixtures(&dp, &[f]);
     }
     assert!(dropped > 0 && sent > 0, "both paths exercised: {dropped} dropped, {sent} sent");
+}
+
+#[test]
+fn root_keys_that_share_an_index_entry_are_told_apart() {
+    use lb::config::Protocol;
+    use lb::dataplane::vip_index_of;
+    common::require_root();
+    // VIPs (port 80/tcp) whose keys land on the same vip_index entry.
+    let mut by_index: HashMap<u32, Vec<Ipv4Addr>> = HashMap::new();
+    let mut found = None;
+    for i in 1..=(1u32 << 20) {
+        let vip = Ipv4Addr::from(0x0a00_0000 | i);
+        let vips = by_index.entry(vip_index_of(vip.into(), 80, Protocol::Tcp)).or_default();
+        vips.push(vip);
+        if vips.len() == 3 {
+            found = Some((vips[0], vips[1], vips[2]));
+            break;
+        }
+    }
+    let (a, b, stranger) = found.expect("three VIPs share an entry");
+    // And an address that shares the entry of a service that has it alone.
+    let lone = v4("10.250.0.1");
+    let lone_index = vip_index_of(lone.into(), 80, Protocol::Tcp);
+    let lone_stranger = (1..=(1u32 << 20))
+        .map(|i| Ipv4Addr::from(0x0b00_0000 | i))
+        .find(|v| vip_index_of((*v).into(), 80, Protocol::Tcp) == lone_index)
+        .expect("an address shares the lone entry");
+    // The same address, another protocol and port, on the same entry: only the rest of the key
+    // tells them apart.
+    let same_address = (1..=65535u16)
+        .find(|&p| vip_index_of(lone.into(), p, Protocol::Udp) == lone_index)
+        .expect("a UDP port of the lone VIP shares its entry");
+    let text = format!(
+        "services:
+  - {{name: a, vip: {a}, port: 80, backends: [{{address: 10.99.1.11}}]}}
+  - {{name: b, vip: {b}, port: 80, backends: [{{address: 10.99.1.12}}]}}
+  - {{name: lone, vip: {lone}, port: 80, backends: [{{address: 10.99.1.13}}]}}
+"
+    );
+    let pool = parse_str("shared.yaml", &text).expect("valid");
+    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    dp.install(&pool, IFMAC, &backend_mac).expect("install");
+    let client = v4("192.0.2.7");
+    let fixtures = vec![
+        tx("first of two services sharing an entry", ipv4_simple(client, a, L4::syn(1000, 80)), ip("10.99.1.11")),
+        tx("second of two services sharing an entry", ipv4_simple(client, b, L4::syn(1000, 80)), ip("10.99.1.12")),
+        pass("an address that shares their entry but has no service", ipv4_simple(client, stranger, L4::syn(1000, 80))),
+        tx("a service alone on its entry", ipv4_simple(client, lone, L4::syn(1000, 80)), ip("10.99.1.13")),
+        pass("an address on a lone service's entry, without a service", ipv4_simple(client, lone_stranger, L4::syn(1000, 80))),
+        pass(
+            "the lone VIP over UDP on a port that shares its entry",
+            ipv4_simple(client, lone, L4::Udp { sport: 1000, dport: same_address }),
+        ),
+    ];
+    run_fixtures(&dp, &fixtures);
 }

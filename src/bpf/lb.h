@@ -13,8 +13,8 @@
 #define LB_MAX_BACKENDS 65536
 #endif
 
-/* The jhash initial value of every flow hash. Changing it moves every flow. */
-#define LB_HASH_SEED 0x4c42u /* "LB" */
+/* The seed of every flow hash. Changing it moves every flow. */
+#define LB_HASH_SEED 0x4c42ull /* "LB" */
 
 enum lb_family {
 	LB_FAMILY_V4 = 4,
@@ -26,8 +26,24 @@ enum lb_hash_mode {
 	LB_HASH_FLOW = 1,      /* 5-tuple */
 };
 
-/* Key of the services map. IPv4 addresses use addr[0] only; the rest is zero. Port 0 is the
- * fragment route of a (vip, protocol): where non-first IPv4 fragments, which carry no ports, go. */
+/* Where a packet's (destination, port, protocol) is looked up first: a direct-mapped array of
+ * LB_VIP_INDEX_SIZE route ids, indexed by lb_vip_index() of the packet's key. 0: no service
+ * has this index, so the packet is not for a service (the common case for the host's own
+ * traffic, decided with one array read). LB_VIP_INDEX_SHARED: several service keys share the
+ * index; look the key up in the services hash map. Anything else: the one route whose key has
+ * this index (the packet's key must still equal the route's key). */
+enum lb_vip_index_layout {
+	LB_VIP_INDEX_BITS = 16,
+	LB_VIP_INDEX_SIZE = 1 << LB_VIP_INDEX_BITS,
+	LB_VIP_INDEX_SHARED = 0x7fffffff, /* never a route id: those are at most LB_MAX_ROUTES */
+};
+
+/* Routes: one per service, plus one fragment route per (vip, protocol). */
+#define LB_MAX_ROUTES (2 * LB_MAX_SERVICES)
+
+/* A service's lookup key. IPv4 addresses use addr[0] only; the rest is zero. Port 0 is the
+ * fragment route of a (vip, protocol): where non-first IPv4 fragments, which carry no ports, go.
+ * Addresses and port in network byte order, as in the packet. */
 struct lb_service_key {
 	__be32 addr[4];
 	__be16 port;
@@ -35,13 +51,15 @@ struct lb_service_key {
 	__u8 family; /* enum lb_family */
 };
 
-/* Value of the services map. The map is a hash map, so an update replaces a value whole:
- * a packet sees the old service or the new one, never a mix. */
+/* A route: a service key and how its packets are spread. Value of the routes array (by route id,
+ * from 1) and of the services hash map. A route id's entry is written before anything points at
+ * it and never rewritten while anything does: a changed service gets a new route id, and the
+ * one 4-byte index entry (or one hash-map value) that leads to it is switched last. */
 struct lb_service {
-	__u32 id;        /* index into the tables outer map and the per-service counters */
-	__u32 slots;     /* size of this service's table */
+	struct lb_service_key key;
+	__u32 base;      /* where this service's destination table starts in table_slots */
+	__u32 slots;     /* size of that table; 0: no backend, drop */
 	__u32 hash_mode; /* enum lb_hash_mode */
-	__u32 pad;
 };
 
 /* Value of the backends array, indexed by backend id. Id 0 is never used: an empty slot holds 0.
@@ -56,21 +74,22 @@ enum lb_backend_flags {
 	LB_BACKEND_MAC_KNOWN = 1, /* mac holds the backend's resolved address */
 };
 
-/* The single entry of the config array. */
+/* The program's settings (a global in .bss). */
 struct lb_config {
 	__u8 ifmac[6]; /* source MAC of forwarded frames: the attached interface's */
 	__u8 pad[2];
 };
 
-/* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason. */
+/* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason.
+ * Forwarded packets are counted per backend (backend_traffic) and nowhere else: one counter
+ * update per forwarded packet; the total is their sum. */
 enum lb_stat {
-	LB_STAT_FORWARDED = 0, /* XDP_TX to a backend */
-	LB_STAT_PASSED,        /* not for a service: handed to the kernel unchanged */
+	LB_STAT_PASSED = 0,    /* not for a service: handed to the kernel unchanged */
 	LB_DROP_MALFORMED,     /* truncated or inconsistent headers */
 	LB_DROP_NO_BACKEND,    /* the slot is empty (no backend with weight) */
 	LB_DROP_NO_MAC,        /* the backend's MAC is not resolved yet */
 	LB_DROP_FRAGMENT,      /* a non-first fragment that cannot be routed (flow hash, or no route) */
-	LB_DROP_NO_TABLE,      /* a service whose table is missing (never expected) */
+	LB_DROP_NO_TABLE,      /* a route whose table lies outside table_slots (never expected) */
 	LB_STAT_MAX,
 };
 

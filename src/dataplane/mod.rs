@@ -10,9 +10,9 @@ use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
+use libbpf_rs::{MapCore, MapFlags};
 
 use crate::config::{HashMode, Pool, Protocol, Service};
 use crate::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
@@ -34,10 +34,17 @@ fn bytes_of<T: Copy>(v: &T) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
 }
 
+/// The default size of the table_slots array: 4 Mi slots, 16 MiB, room for 64 services at the
+/// default 65537 slots (or 2 at the largest size) with as much again free for tables that are
+/// being replaced.
+pub const DEFAULT_TABLE_CAPACITY: u32 = 1 << 22;
+
 pub struct Dataplane {
     skel: LbSkel<'static>,
-    /// One inner table map per service id, kept open while it is installed.
-    tables: HashMap<u32, MapHandle>,
+    /// Entries of the table_slots array.
+    capacity: u32,
+    /// The next unused entry of table_slots.
+    next_base: u32,
     /// What is installed, by id: for counters and MAC updates.
     services: Vec<InstalledService>,
 }
@@ -64,13 +71,17 @@ pub type BackendIds = HashMap<(String, String), u32>;
 
 impl Dataplane {
     /// Opens and loads the program (the verifier runs here). Nothing is attached.
-    pub fn load() -> Result<Dataplane> {
+    pub fn load(table_capacity: u32) -> Result<Dataplane> {
         // The skeleton borrows its object for its whole life; one per process, so leaking the
         // few bytes of the holder is simpler than a self-referential struct.
         let object = Box::leak(Box::new(MaybeUninit::uninit()));
-        let open = LbSkelBuilder::default().open(object).context("opening the BPF object")?;
+        let mut open = LbSkelBuilder::default().open(object).context("opening the BPF object")?;
+        open.maps
+            .table_slots
+            .set_max_entries(table_capacity)
+            .with_context(|| format!("sizing the destination tables to {table_capacity} slots"))?;
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
-        Ok(Dataplane { skel, tables: HashMap::new(), services: Vec::new() })
+        Ok(Dataplane { skel, capacity: table_capacity, next_base: 0, services: Vec::new() })
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -81,15 +92,26 @@ impl Dataplane {
     /// that makes the table reachable, so no packet can meet a slot whose backend is unwritten.
     /// `mac_of` gives each backend's MAC when known.
     pub fn install(&mut self, pool: &Pool, ifmac: [u8; 6], mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> Result<BackendIds> {
-        let settings = types::lb_config { ifmac, pad: [0; 2] };
-        self.skel.maps.settings.update(&0u32.to_ne_bytes(), bytes_of(&settings), MapFlags::ANY)?;
+        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
+        bss.lb_settings = types::lb_config { ifmac, pad: [0; 2] };
 
+        let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
+        if needed > (self.capacity - self.next_base) as u64 {
+            bail!(
+                "the pool's tables need {needed} slots, more than the {} left of the table capacity ({}); raise --table-capacity",
+                self.capacity - self.next_base,
+                self.capacity
+            );
+        }
         let mut ids = BackendIds::new();
         let mut next_id = 1u32;
+        // Route id i + 1 is routes[i]: every service, then the fragment routes.
+        let mut routes: Vec<types::lb_service> = Vec::new();
         // (vip, protocol) -> services on it, for the fragment routes.
         let mut per_vip: HashMap<(IpAddr, Protocol), Vec<usize>> = HashMap::new();
-        for (sid, s) in pool.services.iter().enumerate() {
-            let sid = sid as u32;
+        // Where each service's table starts in table_slots.
+        let mut bases = Vec::with_capacity(pool.services.len());
+        for (i, s) in pool.services.iter().enumerate() {
             let mut backend_ids = Vec::with_capacity(s.backends.len());
             let mut installed = Vec::with_capacity(s.backends.len());
             for b in &s.backends {
@@ -104,39 +126,49 @@ impl Dataplane {
             self.services.push(InstalledService { name: s.name.clone(), endpoint: s.endpoint(), backends: installed });
 
             let t = table::build_service(s);
-            let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts {
-                sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _,
-                map_flags: libbpf_rs::libbpf_sys::BPF_F_INNER_MAP,
-                ..Default::default()
-            };
-            let inner = MapHandle::create(MapType::Array, Some(format!("lb_t{sid}")), 4, 4, s.slots, &opts)
-                .with_context(|| format!("creating the table of service {}", s.name))?;
-            let keys: Vec<u8> = (0..s.slots).flat_map(|i| i.to_ne_bytes()).collect();
+            let base = self.next_base;
+            self.next_base += s.slots;
+            let keys: Vec<u8> = (base..base + s.slots).flat_map(|i| i.to_ne_bytes()).collect();
             let values: Vec<u8> = t
                 .owners()
                 .iter()
                 .flat_map(|&o| if o == table::EMPTY { 0u32 } else { backend_ids[o as usize] }.to_ne_bytes())
                 .collect();
-            inner.update_batch(&keys, &values, s.slots, MapFlags::ANY, MapFlags::ANY)?;
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&inner.as_fd()) as u32;
-            self.skel.maps.tables.update(&sid.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)?;
-            self.tables.insert(sid, inner);
+            self.skel
+                .maps
+                .table_slots
+                .update_batch(&keys, &values, s.slots, MapFlags::ANY, MapFlags::ANY)
+                .with_context(|| format!("writing the table of service {}", s.name))?;
 
-            let svc = service_value(sid, s, s.hash);
-            let key = service_key(s.vip, s.port, s.protocol);
-            self.skel.maps.services.update(bytes_of(&key), bytes_of(&svc), MapFlags::ANY)?;
-            per_vip.entry((s.vip, s.protocol)).or_default().push(sid as usize);
+            routes.push(route(service_key(s.vip, s.port, s.protocol), base, s, s.hash));
+            per_vip.entry((s.vip, s.protocol)).or_default().push(i);
+            bases.push(base);
         }
 
         // Non-first IPv4 fragments carry no ports. They can follow the client's address when
         // exactly one service on that (vip, protocol) hashes by client address; otherwise
         // they are dropped and counted (the route says "flow").
-        for ((vip, proto), sids) in per_vip {
-            let s = &pool.services[sids[0]];
-            let routable = sids.len() == 1 && s.hash == HashMode::ClientIp;
-            let svc = service_value(sids[0] as u32, s, if routable { HashMode::ClientIp } else { HashMode::Flow });
-            let key = service_key(vip, 0, proto);
-            self.skel.maps.services.update(bytes_of(&key), bytes_of(&svc), MapFlags::ANY)?;
+        let mut per_vip: Vec<_> = per_vip.into_iter().collect();
+        per_vip.sort_by_key(|(_, services)| services[0]);
+        for ((vip, proto), services) in per_vip {
+            let s = &pool.services[services[0]];
+            let routable = services.len() == 1 && s.hash == HashMode::ClientIp;
+            let mode = if routable { HashMode::ClientIp } else { HashMode::Flow };
+            routes.push(route(service_key(vip, 0, proto), bases[services[0]], s, mode));
+        }
+
+        // Routes before anything points at them; the index entries, which make them
+        // reachable, last.
+        let mut by_index: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for (i, r) in routes.iter().enumerate() {
+            let id = i as u32 + 1;
+            self.skel.maps.routes.update(&id.to_ne_bytes(), bytes_of(r), MapFlags::ANY)?;
+            self.skel.maps.services.update(bytes_of(&r.key), bytes_of(r), MapFlags::ANY)?;
+            by_index.entry(vip_index(&r.key)).or_default().push(id);
+        }
+        for (index, ids) in by_index {
+            let entry = if ids.len() == 1 { ids[0] } else { types::lb_vip_index_layout::LB_VIP_INDEX_SHARED.0 };
+            self.skel.maps.vip_index.update(&index.to_ne_bytes(), &entry.to_ne_bytes(), MapFlags::ANY)?;
         }
         Ok(ids)
     }
@@ -195,7 +227,7 @@ impl Dataplane {
             ("no_table", S::LB_DROP_NO_TABLE),
         ];
         let mut snap = Snapshot {
-            forwarded: self.stat(S::LB_STAT_FORWARDED)?,
+            forwarded: 0,
             passed: self.stat(S::LB_STAT_PASSED)?,
             drops: Vec::with_capacity(drops.len()),
             services: Vec::with_capacity(self.services.len()),
@@ -203,7 +235,7 @@ impl Dataplane {
         for (name, stat) in drops {
             snap.drops.push((name, self.stat(stat)?));
         }
-        for (sid, s) in self.services.iter().enumerate() {
+        for s in &self.services {
             let mut backends = Vec::with_capacity(s.backends.len());
             for b in &s.backends {
                 backends.push(BackendCounters {
@@ -214,12 +246,13 @@ impl Dataplane {
                     traffic: traffic(&self.skel.maps.backend_traffic, b.id)?,
                 });
             }
-            snap.services.push(ServiceCounters {
-                name: s.name.clone(),
-                endpoint: s.endpoint.clone(),
-                traffic: traffic(&self.skel.maps.service_traffic, sid as u32)?,
-                backends,
+            // Backend ids are per service, so the service's traffic is its backends' sum.
+            let traffic = backends.iter().fold(Traffic::default(), |t, b| Traffic {
+                packets: t.packets + b.traffic.packets,
+                bytes: t.bytes + b.traffic.bytes,
             });
+            snap.forwarded += traffic.packets;
+            snap.services.push(ServiceCounters { name: s.name.clone(), endpoint: s.endpoint.clone(), traffic, backends });
         }
         Ok(snap)
     }
@@ -233,6 +266,23 @@ impl Dataplane {
         let action = output.return_value;
         out.truncate(len);
         Ok((action, out))
+    }
+
+    /// Runs the program `repeat` times on `frame` in one BPF_PROG_TEST_RUN (the kernel reuses one
+    /// buffer, so later runs see what earlier ones wrote): (last XDP action, mean time per run).
+    pub fn test_run_repeat(&self, frame: &[u8], repeat: u32) -> Result<(u32, std::time::Duration)> {
+        let input = libbpf_rs::ProgramInput { data_in: Some(frame), repeat, ..Default::default() };
+        let output = self.skel.progs.lb_xdp.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        Ok((output.return_value, output.duration))
+    }
+
+    /// Packets forwarded to any backend so far (the sum of the per-backend counters).
+    pub fn forwarded(&self) -> Result<u64> {
+        let mut total = 0;
+        for b in self.services.iter().flat_map(|s| &s.backends) {
+            total += traffic(&self.skel.maps.backend_traffic, b.id)?.packets;
+        }
+        Ok(total)
     }
 
     /// A counter of enum lb_stat, summed over CPUs.
@@ -271,19 +321,40 @@ fn traffic(map: &impl MapCore, id: u32) -> Result<Traffic> {
     Ok(t)
 }
 
-/// The services-map value of service `id`. A service without any weighted backend gets 0 slots,
-/// which the program drops as "no backend".
-fn service_value(id: u32, s: &Service, hash: HashMode) -> types::lb_service {
+/// The route of `key` to service `s`'s table at `base`. A service without any weighted backend
+/// gets 0 slots, which the program drops as "no backend".
+fn route(key: types::lb_service_key, base: u32, s: &Service, hash: HashMode) -> types::lb_service {
     let live = s.backends.iter().any(|b| b.weight > 0);
     types::lb_service {
-        id,
+        key,
+        base,
         slots: if live { s.slots } else { 0 },
         hash_mode: match hash {
             HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
-        pad: 0,
     }
+}
+
+/// The vip_index entry that the service key (vip, port, protocol) uses: for tests that need keys
+/// which share an entry.
+pub fn vip_index_of(vip: IpAddr, port: u16, proto: Protocol) -> u32 {
+    vip_index(&service_key(vip, port, proto))
+}
+
+/// The vip_index entry of a key: the same function as lb_vip_index() in lb.bpf.c, on the same
+/// raw (network-order) words. If the two disagreed, no service would ever be found, which every
+/// forwarding packet fixture would catch.
+fn vip_index(k: &types::lb_service_key) -> u32 {
+    let bits = types::lb_vip_index_layout::LB_VIP_INDEX_BITS.0;
+    // The key's last word (port, protocol, family) as its bytes read in native order, like
+    // every address word.
+    let port = k.port.to_ne_bytes();
+    let tail = u32::from_ne_bytes([port[0], port[1], k.proto, k.family]);
+    let mut h = k.addr[0] ^ k.addr[1] ^ k.addr[2] ^ k.addr[3] ^ tail;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x9e37_79b1);
+    h >> (32 - bits)
 }
 
 fn service_key(vip: IpAddr, port: u16, proto: Protocol) -> types::lb_service_key {

@@ -146,7 +146,7 @@ impl Socket {
                 route = Some(r);
             }
         })?;
-        route.ok_or_else(|| io::Error::new(io::ErrorKind::Other, "the kernel answered without a route"))
+        route.ok_or_else(|| io::Error::other("the kernel answered without a route"))
     }
 
     /// Every neighbour entry on `ifindex`, both families.
