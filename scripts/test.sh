@@ -14,7 +14,7 @@ done
 echo "== tests that need no root (config, tables, diff, CLI; benches build and run once, quickly)"
 cargo test --release --lib --bins --benches "${plain[@]}"
 
-echo "== tests that need root (the real XDP program through BPF_PROG_TEST_RUN)"
+echo "== tests that need root (packet fixtures through BPF_PROG_TEST_RUN; lb attach in network namespaces)"
 if [ "$(id -u)" -ne 0 ]; then
     echo "test.sh: the root_* tests need root; run scripts/test.sh as root (CI does)" >&2
     exit 1

@@ -390,7 +390,8 @@ fn serve(
                 let snap = dp.snapshot()?;
                 let seconds = last_stats.as_ref().map_or(now - started, |(t, _)| now - *t).as_secs_f64();
                 let mut out = std::io::stdout().lock();
-                write!(out, "{}", stats::text(&snap, last_stats.as_ref().map(|(_, s)| s), seconds))?;
+                let uptime = (now - started).as_secs_f64();
+                write!(out, "{}", stats::text(&snap, last_stats.as_ref().map(|(_, s)| s), seconds, uptime))?;
                 out.flush()?;
                 last_stats = Some((now, snap));
             }

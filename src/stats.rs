@@ -63,15 +63,16 @@ fn rate(now: u64, before: u64, seconds: f64) -> String {
     }
 }
 
-/// The text printed every `--stats-interval`: totals since attach, and packet rates over the
-/// last `seconds` against the `previous` snapshot (or since attach when there is none).
-pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64) -> String {
+/// The text printed every `--stats-interval`, `uptime` seconds after attach: totals since
+/// attach, and packet rates over the last `seconds` against the `previous` snapshot (or since
+/// attach when there is none).
+pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f64) -> String {
     let empty = Snapshot::default();
     let prev = previous.unwrap_or(&empty);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "stats: forwarded {} ({}), passed {} ({}), dropped {} ({})",
+        "stats at {uptime:.1}s: forwarded {} ({}), passed {} ({}), dropped {} ({})",
         now.forwarded,
         rate(now.forwarded, prev.forwarded, seconds),
         now.passed,
@@ -98,11 +99,11 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64) -> String
                 .and_then(|p| p.backends.iter().find(|x| x.label == b.label))
                 .map_or(0, |x| x.traffic.packets);
             let share = if s.traffic.packets > 0 { b.traffic.packets as f64 / s.traffic.packets as f64 * 100.0 } else { 0.0 };
+            // An unnamed backend's label is its address: say it once.
+            let who = if b.label == b.address.to_string() { b.label.clone() } else { format!("{} {}", b.label, b.address) };
             let _ = writeln!(
                 out,
-                "    backend {} {} weight {}: packets {} ({}, {share:.1}%), bytes {}{}",
-                b.label,
-                b.address,
+                "    backend {who} weight {}: packets {} ({}, {share:.1}%), bytes {}{}",
                 b.weight,
                 b.traffic.packets,
                 rate(b.traffic.packets, before, seconds),
@@ -121,7 +122,7 @@ mod tests {
     fn snap(fwd: u64, b1: u64, b2: u64) -> Snapshot {
         let be = |label: &str, packets: u64| BackendCounters {
             label: label.to_string(),
-            address: "10.0.0.1".parse().unwrap(),
+            address: if label == "b1" { "10.0.0.1" } else { "10.0.0.2" }.parse().unwrap(),
             weight: 1,
             mac_known: label == "b1",
             traffic: Traffic { packets, bytes: packets * 100 },
@@ -140,14 +141,22 @@ mod tests {
     }
 
     #[test]
+    fn an_unnamed_backend_is_named_by_its_address_once() {
+        let mut s = snap(1, 1, 0);
+        s.services[0].backends[0].label = "10.0.0.1".into();
+        let t = text(&s, None, 1.0, 1.0);
+        assert!(t.contains("    backend 10.0.0.1 weight 1: packets 1"), "{t}");
+    }
+
+    #[test]
     fn text_shows_totals_rates_shares_and_drop_reasons() {
         let before = snap(100, 60, 40);
         let now = snap(1100, 560, 540);
-        let t = text(&now, Some(&before), 2.0);
-        assert!(t.starts_with("stats: forwarded 1100 (500/s), passed 7 (0/s), dropped 5 (0/s)\n"), "{t}");
+        let t = text(&now, Some(&before), 2.0, 12.0);
+        assert!(t.starts_with("stats at 12.0s: forwarded 1100 (500/s), passed 7 (0/s), dropped 5 (0/s)\n"), "{t}");
         assert!(t.contains("  drops: malformed=2 no_mac=3\n"), "{t}");
         assert!(t.contains("  service web 10.0.0.100:80/tcp: packets 1100 (500/s), bytes 110000\n"), "{t}");
         assert!(t.contains("    backend b1 10.0.0.1 weight 1: packets 560 (250/s, 50.9%), bytes 56000\n"), "{t}");
-        assert!(t.contains("    backend b2 10.0.0.1 weight 1: packets 540 (250/s, 49.1%), bytes 54000 [MAC unresolved]\n"), "{t}");
+        assert!(t.contains("    backend b2 10.0.0.2 weight 1: packets 540 (250/s, 49.1%), bytes 54000 [MAC unresolved]\n"), "{t}");
     }
 }

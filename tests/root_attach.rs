@@ -208,8 +208,8 @@ fn root_attach_follows_neighbour_changes_and_prints_stats() {
     let deadline = std::time::Instant::now() + SECS;
     let mut forwarded = 0;
     while forwarded < 5 && std::time::Instant::now() < deadline {
-        let line = lb.wait_stdout("stats: forwarded", SECS);
-        forwarded = line.split_whitespace().nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let line = lb.wait_stdout(": forwarded", SECS);
+        forwarded = line.split_whitespace().nth(4).and_then(|n| n.parse().ok()).unwrap_or(0);
     }
     assert!(forwarded >= 5, "forwarded {forwarded}");
     let svc = lb.wait_stdout("service dns 10.77.0.100:53/udp: packets", SECS);
