@@ -448,3 +448,81 @@ fn root_keys_that_share_an_index_entry_are_told_apart() {
     ];
     run_fixtures(&dp, &fixtures);
 }
+
+/// The backend MAC each of `flows` reaches through the program.
+fn macs_of(dp: &Dataplane, vip: Ipv4Addr, port: u16, flows: &[(Ipv4Addr, u16)]) -> Vec<Option<[u8; 6]>> {
+    flows
+        .iter()
+        .map(|&(src, sport)| {
+            let (action, out) = dp.test_run(&ipv4_simple(src, vip, L4::syn(sport, port))).expect("test_run");
+            (action == XDP_TX).then(|| out[0..6].try_into().expect("6 bytes"))
+        })
+        .collect()
+}
+
+#[test]
+fn root_apply_switches_live_tables_to_each_new_pool() {
+    common::require_root();
+    let base = "services:
+  - name: web
+    vip: 10.99.0.100
+    port: 80
+    hash: flow
+    backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]
+  - name: alt
+    vip: 10.99.0.100
+    port: 8080
+    hash: flow
+    backends: [10.99.0.21]
+";
+    let pools = [
+        base.to_string(),
+        base.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.13]"),
+        base.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]"),
+        base.replace("    port: 80\n    hash: flow\n", "    port: 80\n    hash: flow\n    slots: 4099\n    algorithm: maglev\n"),
+        base.replace("  - name: alt\n    vip: 10.99.0.100\n    port: 8080\n    hash: flow\n    backends: [10.99.0.21]\n", ""),
+        base.replace("port: 8080", "port: 9090"),
+        base.to_string(),
+    ];
+    let mut dp = Dataplane::load(1 << 20).expect("load");
+    let mut next = rng(11);
+    let flows: Vec<(Ipv4Addr, u16)> = (0..3000).map(|_| {
+        let r = next();
+        (Ipv4Addr::from((r >> 32) as u32 | 0x0100_0000), (r as u16).max(1))
+    }).collect();
+    let mut previous: Option<Vec<Option<[u8; 6]>>> = None;
+    for (i, text) in pools.iter().enumerate() {
+        let pool = parse_str("p.yaml", text).expect("valid");
+        if i == 0 {
+            dp.install(&pool, IFMAC, &backend_mac).expect("install");
+        } else {
+            // As lb attach does: MACs of new addresses are learned before the change.
+            for b in pool.services.iter().flat_map(|s| &s.backends) {
+                dp.set_mac(b.address, backend_mac(b.address)).expect("set_mac");
+            }
+            dp.apply(&pool).expect("apply");
+        }
+        let web = pool.service("web").expect("web");
+        let t = table::build_service(web);
+        let got = macs_of(&dp, v4("10.99.0.100"), 80, &flows);
+        for (&(src, sport), mac) in flows.iter().zip(&got) {
+            let h = flow_hash(web.hash, src.into(), web.vip, sport, 80, 6);
+            let want = web.backends[t.owner((h % web.slots) as usize).expect("owner")].address;
+            assert_eq!(*mac, backend_mac(want), "pool {i}: {src}:{sport}");
+        }
+        for (port, present) in [(8080u16, text.contains("8080")), (9090, text.contains("9090"))] {
+            let got = macs_of(&dp, v4("10.99.0.100"), port, &flows[..20]);
+            assert!(got.iter().all(|m| m.is_some() == present), "pool {i}: port {port} routed = {present}");
+        }
+        // Removing a backend from a ring moves only that backend's flows.
+        if let (1, Some(before)) = (i, &previous) {
+            let gone = backend_mac(ip("10.99.0.12"));
+            let moved = before.iter().zip(&got).filter(|(a, b)| a != b).count();
+            assert!(moved > 0);
+            for (a, b) in before.iter().zip(&got) {
+                assert!(a == b || *a == gone, "a flow moved off a backend that stayed");
+            }
+        }
+        previous = Some(got);
+    }
+}

@@ -33,7 +33,7 @@ pub const MAX_SERVICES: usize = 1024;
 /// this bounds that transient memory to 64 MiB.
 pub const MAX_RING_TOKENS: u64 = 1 << 22;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
     Tcp,
     Udp,

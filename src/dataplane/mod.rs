@@ -9,12 +9,14 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
+use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::config::{HashMode, Pool, Protocol, Service};
+use crate::config::{HashMode, Pool, Protocol};
+use crate::plan;
 use crate::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
 use crate::table;
 
@@ -41,33 +43,23 @@ pub const DEFAULT_TABLE_CAPACITY: u32 = 1 << 22;
 
 pub struct Dataplane {
     skel: LbSkel<'static>,
-    /// Entries of the table_slots array.
-    capacity: u32,
-    /// The next unused entry of table_slots.
-    next_base: u32,
-    /// What is installed, by id: for counters and MAC updates.
-    services: Vec<InstalledService>,
+    limits: plan::Limits,
+    /// A mirror of what the maps hold, and the allocators: what the next change starts from.
+    state: plan::State,
+    /// Each backend address's MAC, when known.
+    macs: HashMap<IpAddr, [u8; 6]>,
 }
 
-/// A service as installed: its id is its index in the pool.
+/// What one [`Dataplane::apply`] did.
 #[derive(Debug, Clone)]
-struct InstalledService {
-    name: String,
-    endpoint: String,
-    backends: Vec<InstalledBackend>,
+pub struct Applied {
+    /// Services added, removed or changed, with the table entries written for each.
+    pub touched: Vec<plan::Touched>,
+    /// Table entries written in all.
+    pub slots_written: u64,
+    /// Map writes in all.
+    pub writes: usize,
 }
-
-#[derive(Debug, Clone)]
-struct InstalledBackend {
-    id: u32,
-    label: String,
-    address: IpAddr,
-    weight: u32,
-    mac: Option<[u8; 6]>,
-}
-
-/// Backend ids handed out by [`Dataplane::install`]: (service name, backend identity) -> id.
-pub type BackendIds = HashMap<(String, String), u32>;
 
 impl Dataplane {
     /// Opens and loads the program (the verifier runs here). Nothing is attached.
@@ -81,96 +73,111 @@ impl Dataplane {
             .set_max_entries(table_capacity)
             .with_context(|| format!("sizing the destination tables to {table_capacity} slots"))?;
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
-        Ok(Dataplane { skel, capacity: table_capacity, next_base: 0, services: Vec::new() })
+        let limits = plan::Limits {
+            capacity: table_capacity,
+            max_backend_id: skel.maps.backends.info()?.info.max_entries - 1,
+            max_route_id: skel.maps.routes.info()?.info.max_entries - 1,
+        };
+        Ok(Dataplane { skel, limits, state: plan::State::default(), macs: HashMap::new() })
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.skel.progs.lb_xdp.as_fd()
     }
 
-    /// Writes every service of `pool`: backends first, then each table, then the service entry
-    /// that makes the table reachable, so no packet can meet a slot whose backend is unwritten.
-    /// `mac_of` gives each backend's MAC when known.
-    pub fn install(&mut self, pool: &Pool, ifmac: [u8; 6], mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> Result<BackendIds> {
+    /// Sets the source MAC of forwarded frames (the attached interface's).
+    pub fn set_ifmac(&mut self, ifmac: [u8; 6]) -> Result<()> {
         let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
         bss.lb_settings = types::lb_config { ifmac, pad: [0; 2] };
+        Ok(())
+    }
 
-        let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
-        if needed > (self.capacity - self.next_base) as u64 {
-            bail!(
-                "the pool's tables need {needed} slots, more than the {} left of the table capacity ({}); raise --table-capacity",
-                self.capacity - self.next_base,
-                self.capacity
-            );
-        }
-        let mut ids = BackendIds::new();
-        let mut next_id = 1u32;
-        // Route id i + 1 is routes[i]: every service, then the fragment routes.
-        let mut routes: Vec<types::lb_service> = Vec::new();
-        // (vip, protocol) -> services on it, for the fragment routes.
-        let mut per_vip: HashMap<(IpAddr, Protocol), Vec<usize>> = HashMap::new();
-        // Where each service's table starts in table_slots.
-        let mut bases = Vec::with_capacity(pool.services.len());
-        for (i, s) in pool.services.iter().enumerate() {
-            let mut backend_ids = Vec::with_capacity(s.backends.len());
-            let mut installed = Vec::with_capacity(s.backends.len());
-            for b in &s.backends {
-                let id = next_id;
-                next_id += 1;
-                let mac = mac_of(b.address);
-                self.write_backend(id, mac)?;
-                ids.insert((s.name.clone(), b.identity()), id);
-                backend_ids.push(id);
-                installed.push(InstalledBackend { id, label: b.identity(), address: b.address, weight: b.weight, mac });
+    /// Installs `pool` on fresh maps: the interface's MAC, each backend's MAC from `mac_of`
+    /// (None: unknown), then [`Dataplane::apply`].
+    pub fn install(&mut self, pool: &Pool, ifmac: [u8; 6], mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> Result<Applied> {
+        self.set_ifmac(ifmac)?;
+        for b in pool.services.iter().flat_map(|s| &s.backends) {
+            if let Some(mac) = mac_of(b.address) {
+                self.macs.insert(b.address, mac);
             }
-            self.services.push(InstalledService { name: s.name.clone(), endpoint: s.endpoint(), backends: installed });
-
-            let t = table::build_service(s);
-            let base = self.next_base;
-            self.next_base += s.slots;
-            let keys: Vec<u8> = (base..base + s.slots).flat_map(|i| i.to_ne_bytes()).collect();
-            let values: Vec<u8> = t
-                .owners()
-                .iter()
-                .flat_map(|&o| if o == table::EMPTY { 0u32 } else { backend_ids[o as usize] }.to_ne_bytes())
-                .collect();
-            self.skel
-                .maps
-                .table_slots
-                .update_batch(&keys, &values, s.slots, MapFlags::ANY, MapFlags::ANY)
-                .with_context(|| format!("writing the table of service {}", s.name))?;
-
-            routes.push(route(service_key(s.vip, s.port, s.protocol), base, s, s.hash));
-            per_vip.entry((s.vip, s.protocol)).or_default().push(i);
-            bases.push(base);
         }
+        self.apply(pool)
+    }
 
-        // Non-first IPv4 fragments carry no ports. They can follow the client's address when
-        // exactly one service on that (vip, protocol) hashes by client address; otherwise
-        // they are dropped and counted (the route says "flow").
-        let mut per_vip: Vec<_> = per_vip.into_iter().collect();
-        per_vip.sort_by_key(|(_, services)| services[0]);
-        for ((vip, proto), services) in per_vip {
-            let s = &pool.services[services[0]];
-            let routable = services.len() == 1 && s.hash == HashMode::ClientIp;
-            let mode = if routable { HashMode::ClientIp } else { HashMode::Flow };
-            routes.push(route(service_key(vip, 0, proto), bases[services[0]], s, mode));
+    /// Changes the maps from what they hold to `pool`, writing only what differs, in an order
+    /// in which no packet meets a half-applied change (see [`plan`]). If `pool` does not fit,
+    /// nothing is written. The program stays attached throughout.
+    pub fn apply(&mut self, pool: &Pool) -> Result<Applied> {
+        let tables: Vec<table::Table> = pool.services.iter().map(table::build_service).collect();
+        let index_of = |k: &plan::RouteKey| vip_index(&service_key(k.addr, k.port, k.proto));
+        let mut attempt = 0;
+        let plan = loop {
+            match plan::plan(&self.state, pool, &tables, &self.limits, &index_of, Instant::now()) {
+                Ok(p) => break p,
+                // Ranges retired by the last change come back in a moment: wait for them.
+                Err(plan::PlanError::CapacityAt { until }) if attempt == 0 => {
+                    attempt += 1;
+                    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let applied =
+            Applied { touched: plan.touched.clone(), slots_written: plan.slots_written(), writes: plan.ops.len() };
+        for (i, op) in plan.ops.iter().enumerate() {
+            if let Err(e) = self.execute(op) {
+                // The maps hold part of this change, each part consistent. Remember that the
+                // mirror cannot be trusted for anything this change touched, so that the next
+                // change rewrites it all.
+                let mut state = plan.state;
+                state.taint(&plan.ops[..=i]);
+                self.state = state;
+                return Err(e.context(format!("applying the new tables (write {} of {})", i + 1, plan.ops.len())));
+            }
         }
+        self.state = plan.state;
+        Ok(applied)
+    }
 
-        // Routes before anything points at them; the index entries, which make them
-        // reachable, last.
-        let mut by_index: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
-        for (i, r) in routes.iter().enumerate() {
-            let id = i as u32 + 1;
-            self.skel.maps.routes.update(&id.to_ne_bytes(), bytes_of(r), MapFlags::ANY)?;
-            self.skel.maps.services.update(bytes_of(&r.key), bytes_of(r), MapFlags::ANY)?;
-            by_index.entry(vip_index(&r.key)).or_default().push(id);
+    fn execute(&mut self, op: &plan::Op) -> Result<()> {
+        let maps = &self.skel.maps;
+        match op {
+            plan::Op::Backend { id, address } => self.write_backend(*id, self.macs.get(address).copied())?,
+            plan::Op::ResetCounters { id } => {
+                let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
+                maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
+            }
+            plan::Op::Slots(entries) => {
+                let keys: Vec<u8> = entries.iter().flat_map(|e| e.0.to_ne_bytes()).collect();
+                let values: Vec<u8> = entries.iter().flat_map(|e| e.1.to_ne_bytes()).collect();
+                maps.table_slots.update_batch(&keys, &values, entries.len() as u32, MapFlags::ANY, MapFlags::ANY)?;
+            }
+            plan::Op::Route { id, route } => {
+                maps.routes.update(&id.to_ne_bytes(), bytes_of(&route_value(route)), MapFlags::ANY)?;
+            }
+            plan::Op::HashPut { key, route } => {
+                let k = service_key(key.addr, key.port, key.proto);
+                maps.services.update(bytes_of(&k), bytes_of(&route_value(route)), MapFlags::ANY)?;
+            }
+            plan::Op::HashDelete { key } => {
+                let k = service_key(key.addr, key.port, key.proto);
+                // Absent already (after an interrupted change) is as good as deleted.
+                if let Err(e) = maps.services.delete(bytes_of(&k)) {
+                    if e.kind() != libbpf_rs::ErrorKind::NotFound {
+                        return Err(e.into());
+                    }
+                }
+            }
+            plan::Op::Index { index, entry } => {
+                let value = match entry {
+                    None => 0,
+                    Some(plan::IndexEntry::Route(id)) => *id,
+                    Some(plan::IndexEntry::Shared) => types::lb_vip_index_layout::LB_VIP_INDEX_SHARED.0,
+                };
+                maps.vip_index.update(&index.to_ne_bytes(), &value.to_ne_bytes(), MapFlags::ANY)?;
+            }
         }
-        for (index, ids) in by_index {
-            let entry = if ids.len() == 1 { ids[0] } else { types::lb_vip_index_layout::LB_VIP_INDEX_SHARED.0 };
-            self.skel.maps.vip_index.update(&index.to_ne_bytes(), &entry.to_ne_bytes(), MapFlags::ANY)?;
-        }
-        Ok(ids)
+        Ok(())
     }
 
     fn write_backend(&self, id: u32, mac: Option<[u8; 6]>) -> Result<()> {
@@ -186,7 +193,7 @@ impl Dataplane {
     /// The distinct backend addresses of the installed pool.
     pub fn backend_addresses(&self) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = Vec::new();
-        for b in self.services.iter().flat_map(|s| &s.backends) {
+        for b in self.state.services.iter().flat_map(|s| &s.backends) {
             if !out.contains(&b.address) {
                 out.push(b.address);
             }
@@ -198,22 +205,29 @@ impl Dataplane {
     /// `no_mac`). Returns whether anything changed. One 8-byte value per backend id, so a packet
     /// sees the old MAC or the new one.
     pub fn set_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> Result<bool> {
-        let mut changed = Vec::new();
-        for b in self.services.iter_mut().flat_map(|s| s.backends.iter_mut()) {
-            if b.address == addr && b.mac != mac {
-                b.mac = mac;
-                changed.push(b.id);
-            }
+        if self.macs.get(&addr).copied() == mac {
+            return Ok(false);
         }
-        for id in &changed {
-            self.write_backend(*id, mac)?;
+        match mac {
+            Some(m) => self.macs.insert(addr, m),
+            None => self.macs.remove(&addr),
+        };
+        let ids: Vec<u32> =
+            self.state.services.iter().flat_map(|s| &s.backends).filter(|b| b.address == addr).map(|b| b.id).collect();
+        for id in ids {
+            self.write_backend(id, mac)?;
         }
-        Ok(!changed.is_empty())
+        Ok(true)
     }
 
-    /// The MAC installed for `addr`, if any backend has that address and it is known.
+    /// The MAC known for `addr`.
     pub fn mac(&self, addr: IpAddr) -> Option<[u8; 6]> {
-        self.services.iter().flat_map(|s| &s.backends).find(|b| b.address == addr).and_then(|b| b.mac)
+        self.macs.get(&addr).copied()
+    }
+
+    /// The installed services, as the maps hold them.
+    pub fn installed(&self) -> &[plan::LiveService] {
+        &self.state.services
     }
 
     /// Every counter of the data plane, summed over CPUs.
@@ -230,19 +244,19 @@ impl Dataplane {
             forwarded: 0,
             passed: self.stat(S::LB_STAT_PASSED)?,
             drops: Vec::with_capacity(drops.len()),
-            services: Vec::with_capacity(self.services.len()),
+            services: Vec::with_capacity(self.state.services.len()),
         };
         for (name, stat) in drops {
             snap.drops.push((name, self.stat(stat)?));
         }
-        for s in &self.services {
+        for s in &self.state.services {
             let mut backends = Vec::with_capacity(s.backends.len());
             for b in &s.backends {
                 backends.push(BackendCounters {
-                    label: b.label.clone(),
+                    label: b.identity.clone(),
                     address: b.address,
                     weight: b.weight,
-                    mac_known: b.mac.is_some(),
+                    mac_known: self.macs.contains_key(&b.address),
                     traffic: traffic(&self.skel.maps.backend_traffic, b.id)?,
                 });
             }
@@ -279,7 +293,7 @@ impl Dataplane {
     /// Packets forwarded to any backend so far (the sum of the per-backend counters).
     pub fn forwarded(&self) -> Result<u64> {
         let mut total = 0;
-        for b in self.services.iter().flat_map(|s| &s.backends) {
+        for b in self.state.services.iter().flat_map(|s| &s.backends) {
             total += traffic(&self.skel.maps.backend_traffic, b.id)?.packets;
         }
         Ok(total)
@@ -321,15 +335,13 @@ fn traffic(map: &impl MapCore, id: u32) -> Result<Traffic> {
     Ok(t)
 }
 
-/// The route of `key` to service `s`'s table at `base`. A service without any weighted backend
-/// gets 0 slots, which the program drops as "no backend".
-fn route(key: types::lb_service_key, base: u32, s: &Service, hash: HashMode) -> types::lb_service {
-    let live = s.backends.iter().any(|b| b.weight > 0);
+/// The routes-array (and services-map) value of a route.
+fn route_value(r: &plan::Route) -> types::lb_service {
     types::lb_service {
-        key,
-        base,
-        slots: if live { s.slots } else { 0 },
-        hash_mode: match hash {
+        key: service_key(r.key.addr, r.key.port, r.key.proto),
+        base: r.base,
+        slots: r.slots,
+        hash_mode: match r.hash {
             HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
