@@ -25,6 +25,8 @@ use lb::dataplane::netlink::{self, Neighbour};
 use lb::dataplane::Dataplane;
 use lb::{report, stats, table};
 
+use crate::watch::{Debounce, Watcher};
+
 /// `--xdp-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ModeArg {
@@ -46,7 +48,18 @@ pub struct Plan {
     pub table_capacity: u32,
     /// How long to wait at start for backends' MACs before attaching anyway.
     pub resolve_timeout: Duration,
+    /// Quiet time after the last file event before a reload.
+    pub reload_delay: Duration,
+    /// How often the file is re-read even without events (and lost watches re-armed).
+    pub recheck_interval: Duration,
 }
+
+/// At most this long after the first event of a burst, a reload happens even if a writer still
+/// has the file open.
+const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a reload waits for the MACs of backends it adds.
+const RELOAD_RESOLVE: Duration = Duration::from_millis(100);
 
 /// How often the neighbour table is re-read and unresolved or stale backends re-primed, on top
 /// of the change events the kernel sends.
@@ -56,14 +69,19 @@ fn log(msg: impl AsRef<str>) {
     eprintln!("lb: {}", msg.as_ref());
 }
 
-pub fn run(plan: Plan, pool: Pool) -> Result<ExitCode> {
+pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     check_privileges()?;
     let ifc = link::interface(&plan.iface)?;
     if let Some(a) = link::attached(ifc.ifindex).with_context(|| format!("querying {}'s XDP program", ifc.name))? {
         return Err(already_attached(&ifc, Some(a)));
     }
     let mut nl = netlink::Socket::open().context("opening a netlink socket")?;
-    check_reachability(&plan.config, &pool, &ifc, &mut nl)?;
+    let text = String::from_utf8_lossy(content);
+    let problems = reachability_problems(&plan.config, &text, &pool, &ifc, &mut nl, &[]);
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+        bail!("{} cannot serve this pool; nothing was attached:\n{}", ifc.name, lines.join("\n"));
+    }
     if !ifc.up {
         log(format!("warning: {} is down; lb attaches anyway and serves once it is up", ifc.name));
     }
@@ -73,7 +91,8 @@ pub fn run(plan: Plan, pool: Pool) -> Result<ExitCode> {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGINT);
     mask.add(Signal::SIGTERM);
-    mask.thread_block().context("blocking SIGINT/SIGTERM")?;
+    mask.add(Signal::SIGHUP);
+    mask.thread_block().context("blocking SIGINT, SIGTERM and SIGHUP")?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("creating a signalfd")?;
 
     // Subscribe before the first dump, so that no change falls between the two.
@@ -82,6 +101,15 @@ pub fn run(plan: Plan, pool: Pool) -> Result<ExitCode> {
     let Some(macs) = resolve_initial(&backends, &ifc, &mut nl, &mut events, &signals, plan.resolve_timeout)? else {
         log("interrupted before attaching; nothing was changed");
         return Ok(ExitCode::SUCCESS);
+    };
+
+    // Watch before loading: a change made while we attach is seen.
+    let watcher = match Watcher::new(&plan.config) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            log(format!("warning: {e:#}; reloads happen on SIGHUP and every {:?} only", plan.recheck_interval));
+            None
+        }
     };
 
     let mut dp = Dataplane::load(plan.table_capacity)?;
@@ -113,9 +141,24 @@ pub fn run(plan: Plan, pool: Pool) -> Result<ExitCode> {
             ));
         }
     }
-    log("serving; Ctrl-C or SIGTERM detaches");
+    log(format!("serving; watching {} for changes (SIGHUP reloads too); Ctrl-C or SIGTERM detaches", plan.config.display()));
 
-    let stop = serve(&plan, &ifc, &mut dp, &mut nl, &mut events, &signals, &backends)?;
+    let mut server = Server {
+        plan: &plan,
+        ifc: &ifc,
+        dp: &mut dp,
+        nl: &mut nl,
+        events: &mut events,
+        signals: &signals,
+        watcher,
+        debounce: Debounce::new(plan.reload_delay, RELOAD_MAX_WAIT),
+        content: digest(content),
+        backends,
+        vips: pool.services.iter().map(|s| s.vip).collect(),
+        failing: HashSet::new(),
+        last_read_error: None,
+    };
+    let stop = server.serve()?;
     drop(xdp);
     let snap = dp.snapshot()?;
     let drops: Vec<String> = snap.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
@@ -184,8 +227,14 @@ fn check_privileges() -> Result<()> {
 /// L2 direct server return sends a frame straight to a backend's MAC, so every backend must be
 /// directly connected to the interface; a VIP held by another interface arrives there, not here.
 /// Every problem is reported, each at its place in the file.
-fn check_reachability(file: &Path, pool: &Pool, ifc: &Interface, nl: &mut netlink::Socket) -> Result<()> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
+fn reachability_problems(
+    file: &Path,
+    text: &str,
+    pool: &Pool,
+    ifc: &Interface,
+    nl: &mut netlink::Socket,
+    known_vips: &[IpAddr],
+) -> Vec<config::ConfigError> {
     let name_of = |idx: u32| nix::net::if_::if_indextoname(idx).map_or(format!("ifindex {idx}"), |n| n.to_string_lossy().into_owned());
     let mut problems = Vec::new();
     let ipv6_disabled = std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ifc.name))
@@ -193,16 +242,16 @@ fn check_reachability(file: &Path, pool: &Pool, ifc: &Interface, nl: &mut netlin
     for (si, s) in pool.services.iter().enumerate() {
         let vip_field = format!("services[{si}].vip");
         if s.vip.is_ipv6() && ipv6_disabled {
-            problems.push(config::field_error(file, &text, &vip_field, format!("{} is IPv6, but IPv6 is disabled on {}", s.vip, ifc.name)));
+            problems.push(config::field_error(file, text, &vip_field, format!("{} is IPv6, but IPv6 is disabled on {}", s.vip, ifc.name)));
         }
         match link::owner_of(s.vip) {
             Some(owner) if owner != ifc.name && owner != "lo" => problems.push(config::field_error(
                 file,
-                &text,
+                text,
                 &vip_field,
                 format!("{} is an address of {owner}, so its traffic arrives on {owner}, not on {}", s.vip, ifc.name),
             )),
-            None if !problems.is_empty() => {}
+            None if !problems.is_empty() || known_vips.contains(&s.vip) => {}
             None => log(format!(
                 "warning: vip {} (service {}) is not an address of {}: its traffic reaches lb only if a router sends it here \
                  (`ip addr add {} dev {}` makes this host answer ARP/ND for it)",
@@ -236,15 +285,11 @@ fn check_reachability(file: &Path, pool: &Pool, ifc: &Interface, nl: &mut netlin
                 }),
             };
             if let Some(why) = why {
-                problems.push(config::field_error(file, &text, &format!("services[{si}].backends[{bi}].address"), why));
+                problems.push(config::field_error(file, text, &format!("services[{si}].backends[{bi}].address"), why));
             }
         }
     }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
-    bail!("{} cannot serve this pool; nothing was attached:\n{}", ifc.name, lines.join("\n"))
+    problems
 }
 
 fn distinct_backends(pool: &Pool) -> Vec<IpAddr> {
@@ -334,68 +379,213 @@ fn attach_with_mode(dp: &Dataplane, ifc: &Interface, mode: ModeArg) -> Result<li
     }
 }
 
-/// The foreground loop. Returns what stopped it.
-fn serve(
-    plan: &Plan,
-    ifc: &Interface,
-    dp: &mut Dataplane,
-    nl: &mut netlink::Socket,
-    events: &mut netlink::Socket,
-    signals: &SignalFd,
-    backends: &[IpAddr],
-) -> Result<String> {
-    let started = Instant::now();
-    let mut next_refresh = started + NEIGHBOUR_REFRESH;
-    let mut next_stats = plan.stats_interval.map(|i| started + i);
-    let mut last_stats: Option<(Instant, stats::Snapshot)> = None;
-    // Backends whose resolution failed and was reported.
-    let mut failing = HashSet::new();
-    loop {
-        let now = Instant::now();
-        let wake = next_stats.map_or(next_refresh, |s| s.min(next_refresh));
-        let timeout = PollTimeout::try_from(wake.saturating_duration_since(now)).unwrap_or(PollTimeout::MAX);
-        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(events.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, timeout) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e).context("waiting for events"),
-        }
+fn digest(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh64::xxh64(bytes, 0)
+}
 
-        if let Ok(Some(sig)) = signals.read_signal() {
-            let name = Signal::try_from(sig.ssi_signo as i32).map_or("a signal", |s| s.as_str());
-            return Ok(name.to_string());
+/// The foreground loop's state.
+struct Server<'a> {
+    plan: &'a Plan,
+    ifc: &'a Interface,
+    dp: &'a mut Dataplane,
+    nl: &'a mut netlink::Socket,
+    events: &'a mut netlink::Socket,
+    signals: &'a SignalFd,
+    watcher: Option<Watcher>,
+    debounce: Debounce,
+    /// Digest of the file content last read (applied or refused): the same content again is
+    /// not reloaded, nor its error logged again.
+    content: u64,
+    /// Backend addresses of the pool being served.
+    backends: Vec<IpAddr>,
+    vips: Vec<IpAddr>,
+    /// Backends whose resolution failed and was reported.
+    failing: HashSet<IpAddr>,
+    last_read_error: Option<String>,
+}
+
+impl Server<'_> {
+    /// Serves until a stop signal; returns its name.
+    fn serve(&mut self) -> Result<String> {
+        let started = Instant::now();
+        let mut next_refresh = started + NEIGHBOUR_REFRESH;
+        let mut next_recheck = started + self.plan.recheck_interval;
+        let mut next_stats = self.plan.stats_interval.map(|i| started + i);
+        let mut last_stats: Option<(Instant, stats::Snapshot)> = None;
+        loop {
+            let now = Instant::now();
+            let mut wake = next_refresh.min(next_recheck);
+            if let Some(t) = next_stats {
+                wake = wake.min(t);
+            }
+            if let Some(t) = self.debounce.due() {
+                wake = wake.min(t);
+            }
+            let timeout = PollTimeout::try_from(wake.saturating_duration_since(now)).unwrap_or(PollTimeout::MAX);
+            {
+                let mut fds = vec![
+                    PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.events.as_fd(), PollFlags::POLLIN),
+                ];
+                if let Some(w) = &self.watcher {
+                    fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+                }
+                match poll(&mut fds, timeout) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => return Err(e).context("waiting for events"),
+                }
+            }
+
+            while let Ok(Some(sig)) = self.signals.read_signal() {
+                match Signal::try_from(sig.ssi_signo as i32) {
+                    Ok(Signal::SIGHUP) => self.reload("SIGHUP")?,
+                    Ok(s) => return Ok(s.as_str().to_string()),
+                    Err(_) => return Ok("a signal".to_string()),
+                }
+            }
+            self.neighbour_events()?;
+            if let Some(w) = &mut self.watcher {
+                let seen = w.read();
+                if seen.lost {
+                    w.arm();
+                }
+                if seen.changed {
+                    self.debounce.event(Instant::now(), seen.writing);
+                }
+            }
+            if self.debounce.fire(Instant::now()) {
+                self.reload("file changed")?;
+            }
+
+            let now = Instant::now();
+            if now >= next_recheck {
+                next_recheck = now + self.plan.recheck_interval;
+                let rearmed = self.watcher.as_mut().is_some_and(|w| w.arm());
+                self.reload(if rearmed { "watch re-armed" } else { "periodic check" })?;
+            }
+            if now >= next_refresh {
+                next_refresh = now + NEIGHBOUR_REFRESH;
+                if nix::net::if_::if_nametoindex(self.ifc.name.as_str()).ok() != Some(self.ifc.ifindex) {
+                    bail!("{} went away; the kernel detached the program with it", self.ifc.name);
+                }
+                refresh_neighbours(self.dp, self.ifc, self.nl, &self.backends, &mut self.failing)?;
+            }
+            if let (Some(interval), Some(due)) = (self.plan.stats_interval, next_stats) {
+                if now >= due {
+                    next_stats = Some(due + interval);
+                    let snap = self.dp.snapshot()?;
+                    let seconds = last_stats.as_ref().map_or(now - started, |(t, _)| now - *t).as_secs_f64();
+                    let uptime = (now - started).as_secs_f64();
+                    let mut out = std::io::stdout().lock();
+                    write!(out, "{}", stats::text(&snap, last_stats.as_ref().map(|(_, s)| s), seconds, uptime))?;
+                    out.flush()?;
+                    last_stats = Some((now, snap));
+                }
+            }
         }
-        match events.drain_neighbour_events() {
+    }
+
+    fn neighbour_events(&mut self) -> Result<()> {
+        match self.events.drain_neighbour_events() {
             Ok(list) => {
-                for n in list.iter().filter(|n| n.ifindex == ifc.ifindex && backends.contains(&n.addr)) {
-                    apply_neighbour(dp, n, &mut failing)?;
+                for n in list.iter().filter(|n| n.ifindex == self.ifc.ifindex && self.backends.contains(&n.addr)) {
+                    apply_neighbour(self.dp, n, &mut self.failing)?;
                 }
             }
             Err(e) => {
                 log(format!("neighbour events were lost ({e}); re-reading the table"));
-                next_refresh = Instant::now();
+                refresh_neighbours(self.dp, self.ifc, self.nl, &self.backends, &mut self.failing)?;
             }
         }
+        Ok(())
+    }
 
-        let now = Instant::now();
-        if now >= next_refresh {
-            next_refresh = now + NEIGHBOUR_REFRESH;
-            if nix::net::if_::if_nametoindex(ifc.name.as_str()).ok() != Some(ifc.ifindex) {
-                bail!("{} went away; the kernel detached the program with it", ifc.name);
+    /// Re-reads the pool file by path and, when its content changed and is valid, applies it.
+    /// Anything wrong is logged and changes nothing: the tables being served stay.
+    fn reload(&mut self, why: &str) -> Result<()> {
+        let path = &self.plan.config;
+        let started = Instant::now();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = config::io_message(&e);
+                if self.last_read_error.as_deref() != Some(&msg) {
+                    log(format!("reload ({why}): {}: {msg}; the current tables keep serving", path.display()));
+                    self.last_read_error = Some(msg);
+                }
+                return Ok(());
             }
-            refresh_neighbours(dp, ifc, nl, backends, &mut failing)?;
-        }
-        if let (Some(interval), Some(due)) = (plan.stats_interval, next_stats) {
-            if now >= due {
-                next_stats = Some(due + interval);
-                let snap = dp.snapshot()?;
-                let seconds = last_stats.as_ref().map_or(now - started, |(t, _)| now - *t).as_secs_f64();
-                let mut out = std::io::stdout().lock();
-                let uptime = (now - started).as_secs_f64();
-                write!(out, "{}", stats::text(&snap, last_stats.as_ref().map(|(_, s)| s), seconds, uptime))?;
-                out.flush()?;
-                last_stats = Some((now, snap));
+        };
+        self.last_read_error = None;
+        let d = digest(&bytes);
+        if d == self.content {
+            if why == "SIGHUP" {
+                log(format!("reload (SIGHUP): {} is unchanged", path.display()));
             }
+            return Ok(());
         }
+        self.content = d;
+        let pool = match config::parse_bytes(path, &bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+                return Ok(());
+            }
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let problems = reachability_problems(path, &text, &pool, self.ifc, self.nl, &self.vips);
+        if !problems.is_empty() {
+            log(format!("reload refused ({why}): {} cannot serve the new pool; the current tables keep serving:", self.ifc.name));
+            for p in problems {
+                log(format!("  {p}"));
+            }
+            return Ok(());
+        }
+        let backends = distinct_backends(&pool);
+        self.resolve_new(&backends)?;
+        let applying = Instant::now();
+        match self.dp.apply(&pool) {
+            Ok(applied) => {
+                let done = Instant::now();
+                let what: Vec<String> =
+                    applied.touched.iter().map(|t| format!("{} {} ({} slots written)", t.name, t.change, t.slots_written)).collect();
+                log(format!(
+                    "reload ({why}): {} applied in {:.1} ms ({:.1} ms since reading it): {}",
+                    path.display(),
+                    (done - applying).as_secs_f64() * 1e3,
+                    (done - started).as_secs_f64() * 1e3,
+                    if what.is_empty() { "no service changed".to_string() } else { what.join(", ") }
+                ));
+                self.backends = backends;
+                self.vips = pool.services.iter().map(|s| s.vip).collect();
+            }
+            Err(e) => log(format!("reload refused ({why}): {e:#}; the current tables keep serving")),
+        }
+        Ok(())
+    }
+
+    /// MACs for backend addresses the data plane does not know yet: from the neighbour table,
+    /// else primed and waited for briefly; still-unknown ones resolve later through events.
+    fn resolve_new(&mut self, backends: &[IpAddr]) -> Result<()> {
+        let missing: Vec<IpAddr> = backends.iter().copied().filter(|a| self.dp.mac(*a).is_none()).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut all = self.backends.clone();
+        all.extend(missing.iter().copied());
+        self.backends = all;
+        refresh_neighbours(self.dp, self.ifc, self.nl, &missing, &mut self.failing)?;
+        let deadline = Instant::now() + RELOAD_RESOLVE;
+        while missing.iter().any(|a| self.dp.mac(*a).is_none()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds = [PollFd::new(self.events.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX));
+            self.neighbour_events()?;
+        }
+        Ok(())
     }
 }
 

@@ -12,6 +12,7 @@ use lb::config::{self, Pool, Service};
 use lb::{diff, report, table};
 
 mod attach;
+mod watch;
 
 #[derive(Parser)]
 #[command(name = "lb", version, about = "An XDP Layer-4 load balancer with consistent-hash destination tables")]
@@ -61,6 +62,13 @@ enum Command {
         /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
         resolve_timeout: std::time::Duration,
+        /// Reload this long after the config file stops changing (bursts of writes become one
+        /// reload).
+        #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "0.05")]
+        reload_delay: std::time::Duration,
+        /// Re-read the config file this often even when no change was signalled.
+        #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+        recheck_interval: std::time::Duration,
     },
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
@@ -110,10 +118,19 @@ fn load(path: &Path) -> Result<Pool> {
 fn run(cli: Cli) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Attach { iface, config, xdp_mode, stats_interval, table_capacity, resolve_timeout } => {
+        Command::Attach {
+            iface,
+            config,
+            xdp_mode,
+            stats_interval,
+            table_capacity,
+            resolve_timeout,
+            reload_delay,
+            recheck_interval,
+        } => {
             drop(out);
             // The whole pool is validated before the first syscall.
-            let pool = load(&config)?;
+            let (pool, content) = config::load_bytes(&config).map_err(anyhow::Error::new)?;
             let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
             if needed > table_capacity as u64 {
                 bail!(
@@ -121,8 +138,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     config.display()
                 );
             }
-            let plan = attach::Plan { iface, config, mode: xdp_mode, stats_interval, table_capacity, resolve_timeout };
-            return attach::run(plan, pool);
+            let plan = attach::Plan {
+                iface,
+                config,
+                mode: xdp_mode,
+                stats_interval,
+                table_capacity,
+                resolve_timeout,
+                reload_delay,
+                recheck_interval,
+            };
+            return attach::run(plan, pool, &content);
         }
         Command::Check { config } => {
             let pool = load(&config)?;

@@ -129,6 +129,20 @@ fn ring_matches_the_reference_spec_on_random_pools() {
 }
 
 #[test]
+fn large_rings_built_on_two_threads_match_the_reference_spec() {
+    // Over 65,536 tokens the builder splits the hashing over two threads; the split falls
+    // inside the identity order, so ties and ranks must still come out as the spec says.
+    let mut rng = SplitMix(9);
+    for (n, vnodes, slots) in [(500usize, 150u32, 65537u32), (3, 30000, 4099), (1000, 70, 1000)] {
+        let all = ids(n);
+        let weights: Vec<u32> = (0..n).map(|_| 1 + rng.below(5) as u32).collect();
+        let m = members(&all, &weights);
+        let got = owners(&ring::build(&m, vnodes, slots));
+        assert_eq!(got, reference_ring(&m, vnodes, slots), "n {n} vnodes {vnodes} slots {slots}");
+    }
+}
+
+#[test]
 fn maglev_matches_the_reference_spec_on_random_pools() {
     let mut rng = SplitMix(2);
     for case in 0..40 {

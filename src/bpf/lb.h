@@ -62,6 +62,11 @@ struct lb_service {
 	__u32 hash_mode; /* enum lb_hash_mode */
 };
 
+/* Value of the table_slots array: the backend ids of two consecutive slots (0 = empty). */
+struct lb_slot_pair {
+	__u32 id[2];
+};
+
 /* Value of the backends array, indexed by backend id. Id 0 is never used: an empty slot holds 0.
  * 8 bytes, so the kernel copies it with one store and a MAC change cannot be seen half-done. */
 struct lb_backend {

@@ -168,6 +168,11 @@ impl std::error::Error for ConfigError {}
 
 /// Reads and validates a pool file.
 pub fn load(path: &Path) -> Result<Pool, ConfigError> {
+    load_bytes(path).map(|(pool, _)| pool)
+}
+
+/// Reads and validates a pool file; also returns the bytes that were validated.
+pub fn load_bytes(path: &Path) -> Result<(Pool, Vec<u8>), ConfigError> {
     let whole = |message: String| ConfigError {
         file: path.to_path_buf(),
         line: None,
@@ -180,10 +185,11 @@ pub fn load(path: &Path) -> Result<Pool, ConfigError> {
         return Err(whole("is a directory, expected a YAML file".to_string()));
     }
     let bytes = std::fs::read(path).map_err(|e| whole(io_message(&e)))?;
-    parse_bytes(path, &bytes)
+    let pool = parse_bytes(path, &bytes)?;
+    Ok((pool, bytes))
 }
 
-fn io_message(e: &std::io::Error) -> String {
+pub fn io_message(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::NotFound => "no such file".to_string(),
         std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
@@ -237,7 +243,9 @@ pub fn field_error(file: &Path, text: &str, field: &str, message: impl Into<Stri
             }
         }
     }
-    let pos = yaml::parse(text).ok().and_then(|doc| doc.locate(&segs));
+    // A field written in shorthand (a bare-string backend has no `address` key) is found at
+    // its nearest enclosing node.
+    let pos = yaml::parse(text).ok().and_then(|doc| (0..=segs.len()).rev().find_map(|n| doc.locate(&segs[..n])));
     ConfigError {
         file: file.to_path_buf(),
         line: pos.map(|p| p.0),
@@ -605,6 +613,9 @@ mod tests {
         let text = "services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    backends:\n      - address: 10.0.0.1\n      - address: 10.0.0.2\n";
         let e = super::field_error(std::path::Path::new("p.yaml"), text, "services[0].backends[1].address", "not on eth0");
         assert_eq!(e.to_string(), "p.yaml:7:18: services[0].backends[1].address: not on eth0");
+        let short = "services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    backends: [10.0.0.1, 10.0.0.2]\n";
+        let e = super::field_error(std::path::Path::new("p.yaml"), short, "services[0].backends[1].address", "not on eth0");
+        assert_eq!(e.to_string(), "p.yaml:5:26: services[0].backends[1].address: not on eth0");
     }
 
     use super::*;

@@ -36,13 +36,15 @@ fn bytes_of<T: Copy>(v: &T) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
 }
 
-/// The default size of the table_slots array: 4 Mi slots, 16 MiB, room for 64 services at the
+/// The default size of the table_slots array: 4 Mi slots, 16 MiB (4 bytes a slot), room for 64 services at the
 /// default 65537 slots (or 2 at the largest size) with as much again free for tables that are
 /// being replaced.
 pub const DEFAULT_TABLE_CAPACITY: u32 = 1 << 22;
 
 pub struct Dataplane {
     skel: LbSkel<'static>,
+    /// The table_slots array, mapped into this process.
+    slots: SlotsMapping,
     limits: plan::Limits,
     /// A mirror of what the maps hold, and the allocators: what the next change starts from.
     state: plan::State,
@@ -68,17 +70,19 @@ impl Dataplane {
         // few bytes of the holder is simpler than a self-referential struct.
         let object = Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = LbSkelBuilder::default().open(object).context("opening the BPF object")?;
+        // Two slots per array element (see lb.h, struct lb_slot_pair).
         open.maps
             .table_slots
-            .set_max_entries(table_capacity)
+            .set_max_entries(table_capacity.div_ceil(2))
             .with_context(|| format!("sizing the destination tables to {table_capacity} slots"))?;
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
+        let slots = SlotsMapping::new(&skel.maps.table_slots, table_capacity)?;
         let limits = plan::Limits {
             capacity: table_capacity,
             max_backend_id: skel.maps.backends.info()?.info.max_entries - 1,
             max_route_id: skel.maps.routes.info()?.info.max_entries - 1,
         };
-        Ok(Dataplane { skel, limits, state: plan::State::default(), macs: HashMap::new() })
+        Ok(Dataplane { skel, slots, limits, state: plan::State::default(), macs: HashMap::new() })
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -147,11 +151,7 @@ impl Dataplane {
                 let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
                 maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
             }
-            plan::Op::Slots(entries) => {
-                let keys: Vec<u8> = entries.iter().flat_map(|e| e.0.to_ne_bytes()).collect();
-                let values: Vec<u8> = entries.iter().flat_map(|e| e.1.to_ne_bytes()).collect();
-                maps.table_slots.update_batch(&keys, &values, entries.len() as u32, MapFlags::ANY, MapFlags::ANY)?;
-            }
+            plan::Op::Slots(entries) => self.slots.write(entries)?,
             plan::Op::Route { id, route } => {
                 maps.routes.update(&id.to_ne_bytes(), bytes_of(&route_value(route)), MapFlags::ANY)?;
             }
@@ -306,14 +306,69 @@ impl Dataplane {
     }
 }
 
+/// The table_slots array mapped into this process (the map is BPF_F_MMAPABLE). Its elements are
+/// pairs of slots, laid out back to back, so the mapping is one array of 4-byte slots: writing
+/// a slot is one aligned 4-byte store, which the program reads whole, old or new.
+struct SlotsMapping {
+    base: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+    entries: u32,
+}
+
+impl SlotsMapping {
+    fn new(map: &impl AsFd, entries: u32) -> Result<SlotsMapping> {
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as usize;
+        let len = (entries.div_ceil(2) as usize * std::mem::size_of::<types::lb_slot_pair>()).div_ceil(page) * page;
+        let size = std::num::NonZeroUsize::new(len).context("an empty table array")?;
+        // SAFETY: a fresh shared mapping of the map's descriptor, at an address the kernel
+        // picks; nothing else in this process aliases it, and it is unmapped only in Drop.
+        let base = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                size,
+                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+                nix::sys::mman::MapFlags::MAP_SHARED,
+                map.as_fd(),
+                0,
+            )
+        }
+        .context("mapping the table array into memory")?;
+        Ok(SlotsMapping { base, len, entries })
+    }
+
+    fn write(&self, entries: &[(u32, u32)]) -> Result<()> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        for &(i, id) in entries {
+            anyhow::ensure!(i < self.entries, "table entry {i} is outside the array of {}", self.entries);
+            // SAFETY: i < entries, so the 4-byte, 4-aligned word is inside the live mapping
+            // (page-aligned base); the kernel's readers only load it, so an atomic store is the
+            // right way to share it.
+            let slot = unsafe { AtomicU32::from_ptr((self.base.as_ptr() as *mut u32).add(i as usize)) };
+            slot.store(id, Ordering::Relaxed);
+        }
+        // Everything written here is visible before whatever map write comes next makes it
+        // reachable.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Drop for SlotsMapping {
+    fn drop(&mut self) {
+        // SAFETY: base and len are exactly what mmap returned and nothing uses them after this.
+        let _ = unsafe { nix::sys::mman::munmap(self.base, self.len) };
+    }
+}
+
 const LB_BACKEND_MAC_KNOWN: u8 = types::lb_backend_flags::LB_BACKEND_MAC_KNOWN.0 as u8;
 
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes)
 }
 
-/// Reads a map value of one of the skeleton's plain types from the bytes the kernel returned.
-fn value_of<T: Copy + Default>(bytes: &[u8]) -> T {
+/// Reads a map value of one of the skeleton's plain types from the bytes the kernel returned
+/// (for tools and tests that read a running program's maps).
+pub fn value_of<T: Copy + Default>(bytes: &[u8]) -> T {
     if bytes.len() < std::mem::size_of::<T>() {
         return T::default();
     }
@@ -352,6 +407,11 @@ fn route_value(r: &plan::Route) -> types::lb_service {
 /// which share an entry.
 pub fn vip_index_of(vip: IpAddr, port: u16, proto: Protocol) -> u32 {
     vip_index(&service_key(vip, port, proto))
+}
+
+/// The services-map key of (vip, port, protocol), as bytes.
+pub fn service_key_bytes(vip: IpAddr, port: u16, proto: Protocol) -> Vec<u8> {
+    bytes_of(&service_key(vip, port, proto)).to_vec()
 }
 
 /// The vip_index entry of a key: the same function as lb_vip_index() in lb.bpf.c, on the same

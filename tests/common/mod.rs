@@ -253,3 +253,95 @@ pub fn map_entries(prog_id: u32, map_name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     }
     panic!("program {prog_id} has no map named {map_name}");
 }
+
+/// A running program, seen from outside the process that loaded it: its maps by name, and
+/// BPF_PROG_TEST_RUN on it.
+pub struct Live {
+    prog: libbpf_rs::ProgramHandle,
+    maps: std::collections::HashMap<String, libbpf_rs::MapHandle>,
+}
+
+impl Live {
+    pub fn new(prog_id: u32) -> Live {
+        use libbpf_rs::MapCore;
+        let prog = libbpf_rs::ProgramHandle::from_prog_id(prog_id).expect("program by id");
+        let info: serde_json::Value =
+            serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "id", &prog_id.to_string()])).expect("bpftool json");
+        let mut maps = std::collections::HashMap::new();
+        for id in info["map_ids"].as_array().expect("map_ids").iter().filter_map(|v| v.as_u64()) {
+            let m = libbpf_rs::MapHandle::from_map_id(id as u32).expect("map by id");
+            maps.insert(m.name().to_string_lossy().into_owned(), m);
+        }
+        Live { prog, maps }
+    }
+
+    fn map(&self, name: &str) -> &libbpf_rs::MapHandle {
+        self.maps.get(name).unwrap_or_else(|| panic!("no map {name}"))
+    }
+
+    /// One BPF_PROG_TEST_RUN: (XDP action, output frame).
+    pub fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut opts = libbpf_rs::libbpf_sys::bpf_test_run_opts {
+            sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_test_run_opts>() as _,
+            data_in: frame.as_ptr() as *const _,
+            data_size_in: frame.len() as u32,
+            data_out: out.as_mut_ptr() as *mut _,
+            data_size_out: out.len() as u32,
+            repeat: 1,
+            ..Default::default()
+        };
+        // SAFETY: data_in/data_out point to live buffers of the sizes given, which outlive the
+        // call; the kernel writes at most data_size_out bytes.
+        let rc = unsafe { libbpf_rs::libbpf_sys::bpf_prog_test_run_opts(self.prog.as_fd().as_raw_fd(), &mut opts) };
+        assert_eq!(rc, 0, "BPF_PROG_TEST_RUN failed");
+        out.truncate(opts.data_size_out as usize);
+        (opts.retval, out)
+    }
+
+    /// The route the program finds for (vip, port, proto): (base, slots, hash mode).
+    pub fn route(&self, vip: std::net::IpAddr, port: u16, proto: lb::config::Protocol) -> Option<(u32, u32, u32)> {
+        use lb::dataplane::{service_key_bytes, types, value_of, vip_index_of};
+        use libbpf_rs::{MapCore, MapFlags};
+        let idx = vip_index_of(vip, port, proto);
+        let entry = self.map("vip_index").lookup(&idx.to_ne_bytes(), MapFlags::ANY).expect("lookup")?;
+        let id = u32::from_ne_bytes(entry[..4].try_into().expect("u32"));
+        let key = service_key_bytes(vip, port, proto);
+        let value = match id {
+            0 => return None,
+            id if id == types::lb_vip_index_layout::LB_VIP_INDEX_SHARED.0 => self.map("services").lookup(&key, MapFlags::ANY).expect("lookup")?,
+            id => self.map("routes").lookup(&id.to_ne_bytes(), MapFlags::ANY).expect("lookup")?,
+        };
+        let r: types::lb_service = value_of(&value);
+        let rkey: types::lb_service_key = value_of(&key);
+        if (r.key.addr, r.key.port, r.key.proto, r.key.family) != (rkey.addr, rkey.port, rkey.proto, rkey.family) {
+            return None;
+        }
+        Some((r.base, r.slots, r.hash_mode))
+    }
+
+    /// The backend MAC of every slot of the table the program uses for (vip, port, proto).
+    pub fn table(&self, vip: std::net::IpAddr, port: u16, proto: lb::config::Protocol) -> Option<Vec<Option<[u8; 6]>>> {
+        use libbpf_rs::{MapCore, MapFlags};
+        let (base, slots, _) = self.route(vip, port, proto)?;
+        let mut macs = std::collections::HashMap::new();
+        let mut out = Vec::with_capacity(slots as usize);
+        let mut pair_at = u32::MAX;
+        let mut pair = vec![0u8; 8];
+        for s in base..base + slots {
+            if s / 2 != pair_at {
+                pair_at = s / 2;
+                pair = self.map("table_slots").lookup(&pair_at.to_ne_bytes(), MapFlags::ANY).expect("lookup").expect("in range");
+            }
+            let at = (s % 2) as usize * 4;
+            let id = u32::from_ne_bytes(pair[at..at + 4].try_into().expect("u32"));
+            let mac = *macs.entry(id).or_insert_with(|| {
+                let rec = self.map("backends").lookup(&id.to_ne_bytes(), MapFlags::ANY).expect("lookup").expect("record");
+                (id != 0 && rec[6] & 1 == 1).then(|| rec[..6].try_into().expect("mac"))
+            });
+            out.push(mac);
+        }
+        Some(out)
+    }
+}
