@@ -143,6 +143,35 @@ fn large_rings_built_on_two_threads_match_the_reference_spec() {
 }
 
 #[test]
+fn a_ring_cache_builds_exactly_what_a_fresh_build_does_through_any_sequence_of_changes() {
+    let mut rng = SplitMix(21);
+    let all = ids(40);
+    for (vnodes, slots) in [(50u32, 4099u32), (150, 65537), (7, 97)] {
+        let mut cache = ring::RingCache::default();
+        let mut weights: Vec<u32> = (0..all.len()).map(|i| u32::from(i < 10)).collect();
+        for step in 0..60 {
+            // One to three backends change: added, removed, reweighted; now and then a big change.
+            let changes = if step % 17 == 16 { 30 } else { 1 + rng.below(3) as usize };
+            for _ in 0..changes {
+                let i = rng.below(all.len() as u64) as usize;
+                weights[i] = rng.below(5) as u32;
+            }
+            // Members in a changing order: the cache must not care.
+            let mut order: Vec<usize> = (0..all.len()).collect();
+            order.rotate_left(step % all.len());
+            let ordered_ids: Vec<String> = order.iter().map(|&i| all[i].clone()).collect();
+            let ordered_w: Vec<u32> = order.iter().map(|&i| weights[i]).collect();
+            let m = members(&ordered_ids, &ordered_w);
+            let cached = owners(&cache.build(&m, vnodes, slots));
+            assert_eq!(cached, owners(&ring::build(&m, vnodes, slots)), "vnodes {vnodes} slots {slots} step {step}");
+        }
+        // The vnodes setting changing starts over.
+        let m = members(&all, &weights);
+        assert_eq!(owners(&cache.build(&m, vnodes + 1, slots)), owners(&ring::build(&m, vnodes + 1, slots)));
+    }
+}
+
+#[test]
 fn maglev_matches_the_reference_spec_on_random_pools() {
     let mut rng = SplitMix(2);
     for case in 0..40 {

@@ -50,6 +50,8 @@ pub struct Dataplane {
     state: plan::State,
     /// Each backend address's MAC, when known.
     macs: HashMap<IpAddr, [u8; 6]>,
+    /// Reuses ring tokens from one change to the next.
+    builder: table::Builder,
 }
 
 /// What one [`Dataplane::apply`] did.
@@ -82,7 +84,7 @@ impl Dataplane {
             max_backend_id: skel.maps.backends.info()?.info.max_entries - 1,
             max_route_id: skel.maps.routes.info()?.info.max_entries - 1,
         };
-        Ok(Dataplane { skel, slots, limits, state: plan::State::default(), macs: HashMap::new() })
+        Ok(Dataplane { skel, slots, limits, state: plan::State::default(), macs: HashMap::new(), builder: Default::default() })
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -112,7 +114,8 @@ impl Dataplane {
     /// in which no packet meets a half-applied change (see [`plan`]). If `pool` does not fit,
     /// nothing is written. The program stays attached throughout.
     pub fn apply(&mut self, pool: &Pool) -> Result<Applied> {
-        let tables: Vec<table::Table> = pool.services.iter().map(table::build_service).collect();
+        let tables: Vec<table::Table> = pool.services.iter().map(|s| self.builder.build_service(s)).collect();
+        self.builder.retain(&pool.services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>());
         let index_of = |k: &plan::RouteKey| vip_index(&service_key(k.addr, k.port, k.proto));
         let mut attempt = 0;
         let plan = loop {

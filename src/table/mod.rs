@@ -86,6 +86,31 @@ pub fn build_service(service: &Service) -> Table {
     build(service.algorithm, service.slots, service.vnodes_per_weight, &members)
 }
 
+/// Builds services' tables across successive pools, reusing each ring service's tokens from the
+/// previous build (see [`ring::RingCache`]); the tables are exactly [`build_service`]'s.
+#[derive(Default)]
+pub struct Builder {
+    rings: std::collections::HashMap<String, ring::RingCache>,
+}
+
+impl Builder {
+    pub fn build_service(&mut self, service: &Service) -> Table {
+        if service.algorithm != Algorithm::Ring {
+            self.rings.remove(&service.name);
+            return build_service(service);
+        }
+        let identities: Vec<String> = service.backends.iter().map(|b| b.identity()).collect();
+        let members: Vec<Member> =
+            service.backends.iter().zip(&identities).map(|(b, id)| Member { identity: id, weight: b.weight }).collect();
+        self.rings.entry(service.name.clone()).or_default().build(&members, service.vnodes_per_weight, service.slots)
+    }
+
+    /// Forgets services not in `names`.
+    pub fn retain(&mut self, names: &[&str]) {
+        self.rings.retain(|n, _| names.contains(&n.as_str()));
+    }
+}
+
 /// Per-backend figures of a built table, as `lb table` prints them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Share {
