@@ -80,10 +80,7 @@ fn sorted_tokens(members: &[Member], by_identity: &[u32], vnodes_per_weight: u32
 
 /// Pairs every slot with the first token at or after it: both sides are in ring order, so one
 /// forward walk does it. `owner` maps a token to its member index.
-fn assign<T: Copy>(sorted: &[T], slots: u32, owner: impl Fn(&T) -> u32) -> Table
-where
-    T: HasPos,
-{
+fn assign<T: HasPos>(sorted: &[T], slots: u32, owner: impl Fn(&T) -> u32) -> Table {
     let mut owners = vec![EMPTY; slots as usize];
     if sorted.is_empty() {
         return Table::from_owners(owners);
