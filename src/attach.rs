@@ -547,8 +547,15 @@ impl Server<'_> {
         match self.dp.apply(&pool) {
             Ok(applied) => {
                 let done = Instant::now();
-                let what: Vec<String> =
-                    applied.touched.iter().map(|t| format!("{} {} ({} slots written)", t.name, t.change, t.slots_written)).collect();
+                let what: Vec<String> = applied
+                    .touched
+                    .iter()
+                    .map(|t| {
+                        let mut parts = t.notes.clone();
+                        parts.push(format!("{} slots written", t.slots_written));
+                        format!("{} {} ({})", t.name, t.change, parts.join("; "))
+                    })
+                    .collect();
                 log(format!(
                     "reload ({why}): {} applied in {:.1} ms ({:.1} ms since reading it): {}",
                     path.display(),

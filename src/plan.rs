@@ -139,8 +139,39 @@ pub struct State {
 pub struct Touched {
     pub name: String,
     pub change: &'static str,
+    /// What changed in a changed service: `b2 removed`, `b1 weight 1 -> 3`, `slots 4099 -> 65537`.
+    pub notes: Vec<String>,
     /// Table entries written for it.
     pub slots_written: u64,
+}
+
+/// What differs between two versions of a service, in words.
+fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
+    let mut out = Vec::new();
+    let endpoint = |s: &LiveService| s.endpoint.clone();
+    if old.key != new.key {
+        out.push(format!("endpoint {} -> {}", endpoint(old), endpoint(new)));
+    }
+    if old.hash != new.hash {
+        out.push(format!("hash {} -> {}", old.hash.as_str(), new.hash.as_str()));
+    }
+    if old.slots != new.slots {
+        out.push(format!("slots {} -> {}", old.slots, new.slots));
+    }
+    for b in &new.backends {
+        match old.backends.iter().find(|o| o.identity == b.identity) {
+            None => out.push(format!("{} added", b.identity)),
+            Some(o) if o.weight != b.weight => out.push(format!("{} weight {} -> {}", b.identity, o.weight, b.weight)),
+            Some(o) if o.address != b.address => out.push(format!("{} address {} -> {}", b.identity, o.address, b.address)),
+            Some(_) => {}
+        }
+    }
+    for o in &old.backends {
+        if !new.backends.iter().any(|b| b.identity == o.identity) {
+            out.push(format!("{} removed", o.identity));
+        }
+    }
+    out
 }
 
 #[derive(Debug)]
@@ -391,13 +422,14 @@ pub fn plan(
             Some(_) => None,
         };
         if let Some(change) = change {
-            touched.push(Touched { name: s.name.clone(), change, slots_written: written as u64 });
+            let notes = old.map_or_else(Vec::new, |o| notes(o, &live));
+            touched.push(Touched { name: s.name.clone(), change, notes, slots_written: written as u64 });
         }
         new_services.push(live);
     }
     for o in &state.services {
         if pool.service(&o.name).is_none() {
-            touched.push(Touched { name: o.name.clone(), change: "removed", slots_written: 0 });
+            touched.push(Touched { name: o.name.clone(), change: "removed", notes: Vec::new(), slots_written: 0 });
             st.retired_ranges.push((now, o.base, o.slots));
         }
     }
@@ -634,7 +666,15 @@ mod tests {
         let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
         let web_slots_of_b2 = expected(&p1, "web").iter().filter(|a| **a == Some("10.0.0.2".parse().unwrap())).count();
         assert_eq!(second.slots_written(), web_slots_of_b2 as u64, "only the removed backend's slots are written");
-        assert_eq!(second.touched, vec![Touched { name: "web".into(), change: "changed", slots_written: web_slots_of_b2 as u64 }]);
+        assert_eq!(
+            second.touched,
+            vec![Touched {
+                name: "web".into(),
+                change: "changed",
+                notes: vec!["10.0.0.2 removed".into()],
+                slots_written: web_slots_of_b2 as u64
+            }]
+        );
         // No route, index or hash op: the table changed in place under the same route.
         assert!(second.ops.iter().all(|op| matches!(op, Op::Slots(_))), "{:?}", second.ops.iter().take(3).collect::<Vec<_>>());
         maps.apply(&second.ops);

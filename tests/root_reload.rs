@@ -183,12 +183,13 @@ fn root_reload_follows_every_way_of_replacing_the_file() {
     std::fs::write(env.dir.join("..v1/pool.yaml"), pool_v1()).expect("write");
     std::os::unix::fs::symlink("..v1", env.dir.join("..data_tmp")).expect("link");
     std::fs::rename(env.dir.join("..data_tmp"), env.dir.join("..data")).expect("swap");
-    env.lb.wait_for("web changed", SECS);
+    let line = env.lb.wait_for("web changed", SECS);
+    assert!(line.contains("web changed (10.77.0.22 removed; "), "{line}");
     converges(&env, &pool_v1(), &[]);
 
     // 2. In place, through the link (the write lands in ..v1/pool.yaml).
     std::fs::write(&path, pool_v2()).expect("write in place");
-    env.lb.wait_for("web changed (4099 slots written)", SECS);
+    env.lb.wait_for("web changed (slots 65537 -> 4099; 10.77.0.22 added; 10.77.0.26 added; 4099 slots written)", SECS);
     converges(&env, &pool_v2(), &[]);
 
     // 3. An editor's write-to-temp-then-rename (replaces the link with a file).
