@@ -20,3 +20,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 cargo test --release --test 'root_*'
+
+echo "== end-to-end: real clients and servers in network namespaces, native and generic XDP"
+cargo build --release --bins --examples
+scripts/e2e.sh

@@ -1,0 +1,500 @@
+//! The end-to-end suite's client and server (scripts/e2e.sh, scripts/demo.sh): real TCP and UDP
+//! sockets in the namespaces of the demo topology, and the checks that compare what clients
+//! saw with what the tables say. Not part of lb itself.
+//!
+//! - `serve NAME --tcp PORT --udp PORT`: a backend. Every TCP connection gets `NAME\n` at once
+//!   and again for every line it sends; every UDP datagram gets `NAME\n` back.
+//! - `probe`: one short connection (or datagram) per (source address, source port) pair, each
+//!   from a fixed source port so that the same flows can be replayed; prints `src sport backend`
+//!   lines (or `src sport FAIL reason`).
+//! - `check`: compares probe output with the table `lb table` builds: every flow on its predicted
+//!   backend, and per-backend counts against the table's shares.
+//! - `compare`: two probe outputs of the same flows around a pool change: which flows moved, and
+//!   whether only the flows that had to move did.
+//! - `hold`: long-lived connections that keep talking; fails if any breaks or changes backend.
+//! - `xdp-pass IFACE`: attaches a two-instruction XDP_PASS program to IFACE in driver mode (what a
+//!   veth peer needs for native XDP_TX frames to arrive).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use nix::sys::socket::{setsockopt, sockopt};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Serve {
+        name: String,
+        #[arg(long)]
+        tcp: Vec<u16>,
+        #[arg(long)]
+        udp: Vec<u16>,
+        /// Bind the UDP ports to these addresses (the VIPs), so that answers leave from the
+        /// address they were sent to, as direct server return needs; default: every address.
+        #[arg(long)]
+        udp_address: Vec<IpAddr>,
+    },
+    Probe {
+        #[arg(long)]
+        vip: IpAddr,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        udp: bool,
+        /// Comma-separated source addresses (held by this namespace).
+        #[arg(long, value_delimiter = ',')]
+        sources: Vec<IpAddr>,
+        /// Source ports FIRST..FIRST+COUNT for every source address.
+        #[arg(long, default_value_t = 20000)]
+        first_port: u16,
+        #[arg(long)]
+        count: u16,
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
+    Check {
+        /// The pool file the load balancer serves.
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        service: String,
+        /// Probe output.
+        flows: PathBuf,
+    },
+    Compare {
+        before: PathBuf,
+        after: PathBuf,
+        /// The backend that was removed (its flows must move, no other may).
+        #[arg(long)]
+        removed: Option<String>,
+        /// The backend that was added (flows may only move to it).
+        #[arg(long)]
+        added: Option<String>,
+    },
+    Hold {
+        #[arg(long)]
+        vip: IpAddr,
+        #[arg(long)]
+        port: u16,
+        #[arg(long, value_delimiter = ',')]
+        sources: Vec<IpAddr>,
+        #[arg(long)]
+        connections: usize,
+        /// How long to keep them open, talking every 100 ms.
+        #[arg(long)]
+        seconds: f64,
+        /// Created once every connection is open.
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+    },
+    XdpPass {
+        iface: String,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("e2e: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<bool> {
+    match cli.cmd {
+        Cmd::Serve { name, tcp, udp, udp_address } => serve(&name, &tcp, &udp, &udp_address),
+        Cmd::Probe { vip, port, udp, sources, first_port, count, workers, timeout_ms } => {
+            probe(vip, port, udp, &sources, first_port, count, workers, Duration::from_millis(timeout_ms))
+        }
+        Cmd::Check { config, service, flows } => check(&config, &service, &flows),
+        Cmd::Compare { before, after, removed, added } => compare(&before, &after, removed.as_deref(), added.as_deref()),
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file } => {
+            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file)
+        }
+        Cmd::XdpPass { iface } => xdp_pass(&iface),
+    }
+}
+
+fn dual_stack_listener(port: u16) -> Result<TcpListener> {
+    let sock = socket2_like_v6(nix::sys::socket::SockType::Stream)?;
+    setsockopt(&sock, sockopt::ReuseAddr, &true)?;
+    setsockopt(&sock, sockopt::Ipv6V6Only, &false)?;
+    let addr = nix::sys::socket::SockaddrIn6::from(std::net::SocketAddrV6::new(std::net::Ipv6Addr::UNSPECIFIED, port, 0, 0));
+    nix::sys::socket::bind(std::os::fd::AsRawFd::as_raw_fd(&sock), &addr)?;
+    nix::sys::socket::listen(&sock, nix::sys::socket::Backlog::new(1024)?)?;
+    Ok(TcpListener::from(sock))
+}
+
+fn socket2_like_v6(ty: nix::sys::socket::SockType) -> Result<std::os::fd::OwnedFd> {
+    Ok(nix::sys::socket::socket(nix::sys::socket::AddressFamily::Inet6, ty, nix::sys::socket::SockFlag::SOCK_CLOEXEC, None)?)
+}
+
+fn serve(name: &str, tcp: &[u16], udp: &[u16], udp_addresses: &[IpAddr]) -> Result<bool> {
+    let reply = format!("{name}\n");
+    let mut threads = Vec::new();
+    for &port in tcp {
+        let listener = dual_stack_listener(port).with_context(|| format!("listening on tcp {port}"))?;
+        let reply = reply.clone();
+        threads.push(std::thread::spawn(move || {
+            for conn in listener.incoming().map_while(Result::ok) {
+                let reply = reply.clone();
+                std::thread::spawn(move || {
+                    let mut conn = conn;
+                    if conn.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                    let Ok(reader) = conn.try_clone() else { return };
+                    let mut lines = BufReader::new(reader);
+                    let mut line = String::new();
+                    while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+                        if conn.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                        line.clear();
+                    }
+                });
+            }
+        }));
+    }
+    let mut udp_sockets = Vec::new();
+    for &port in udp {
+        if udp_addresses.is_empty() {
+            let sock = socket2_like_v6(nix::sys::socket::SockType::Datagram)?;
+            setsockopt(&sock, sockopt::Ipv6V6Only, &false)?;
+            let addr = nix::sys::socket::SockaddrIn6::from(std::net::SocketAddrV6::new(std::net::Ipv6Addr::UNSPECIFIED, port, 0, 0));
+            nix::sys::socket::bind(std::os::fd::AsRawFd::as_raw_fd(&sock), &addr).with_context(|| format!("binding udp {port}"))?;
+            udp_sockets.push(UdpSocket::from(sock));
+        }
+        for &a in udp_addresses {
+            udp_sockets.push(UdpSocket::bind((a, port)).with_context(|| format!("binding udp {a}:{port}"))?);
+        }
+    }
+    for sock in udp_sockets {
+        let reply = reply.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while let Ok((_, from)) = sock.recv_from(&mut buf) {
+                let _ = sock.send_to(reply.as_bytes(), from);
+            }
+        }));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(true)
+}
+
+/// A socket bound to (src, sport), not yet connected.
+fn bound(src: IpAddr, sport: u16, ty: nix::sys::socket::SockType) -> Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockaddrIn, SockaddrIn6};
+    let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let sock = socket(family, ty, SockFlag::SOCK_CLOEXEC, None)?;
+    setsockopt(&sock, sockopt::ReuseAddr, &true)?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    match SocketAddr::new(src, sport) {
+        SocketAddr::V4(a) => bind(fd, &SockaddrIn::from(a))?,
+        SocketAddr::V6(a) => bind(fd, &SockaddrIn6::from(a))?,
+    }
+    Ok(sock)
+}
+
+/// Connects a bound socket with a timeout.
+fn connect_timeout(sock: std::os::fd::OwnedFd, to: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::socket::{connect, SockaddrIn, SockaddrIn6};
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let r = match to {
+        SocketAddr::V4(a) => connect(fd, &SockaddrIn::from(a)),
+        SocketAddr::V6(a) => connect(fd, &SockaddrIn6::from(a)),
+    };
+    match r {
+        Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => {}
+        Err(e) => bail!("connect: {e}"),
+    }
+    let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&sock), nix::poll::PollFlags::POLLOUT)];
+    let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::try_from(timeout).unwrap_or(nix::poll::PollTimeout::MAX))?;
+    if n == 0 {
+        bail!("connect timed out");
+    }
+    let err = nix::sys::socket::getsockopt(&sock, sockopt::SocketError)?;
+    if err != 0 {
+        bail!("connect: {}", nix::errno::Errno::from_raw(err).desc());
+    }
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::empty()))?;
+    let stream = TcpStream::from(sock);
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
+fn read_name(stream: &mut TcpStream) -> Result<String> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while buf.len() < 64 {
+        match stream.read(&mut byte)? {
+            0 => bail!("closed before a reply"),
+            _ if byte[0] == b'\n' => return Ok(String::from_utf8_lossy(&buf).into_owned()),
+            _ => buf.push(byte[0]),
+        }
+    }
+    bail!("no newline in reply")
+}
+
+fn one_flow(vip: IpAddr, port: u16, udp: bool, src: IpAddr, sport: u16, timeout: Duration) -> Result<String> {
+    let to = SocketAddr::new(vip, port);
+    if udp {
+        let sock = UdpSocket::from(bound(src, sport, nix::sys::socket::SockType::Datagram)?);
+        sock.set_read_timeout(Some(timeout))?;
+        sock.send_to(b"who\n", to)?;
+        let mut buf = [0u8; 128];
+        let (n, from) = sock.recv_from(&mut buf)?;
+        // Direct server return: the reply must come from the VIP itself.
+        if from != to {
+            bail!("reply from {from}, not the VIP");
+        }
+        return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string());
+    }
+    let mut stream = connect_timeout(bound(src, sport, nix::sys::socket::SockType::Stream)?, to, timeout)?;
+    // A TCP connection to the VIP only completes if the replies come from the VIP.
+    let name = read_name(&mut stream)?;
+    // Close with a reset, so that no TIME_WAIT keeps this 4-tuple from being replayed.
+    setsockopt(&stream, sockopt::Linger, &nix::libc::linger { l_onoff: 1, l_linger: 0 })?;
+    let _ = stream.shutdown(Shutdown::Both);
+    Ok(name)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn probe(vip: IpAddr, port: u16, udp: bool, sources: &[IpAddr], first: u16, count: u16, workers: usize, timeout: Duration) -> Result<bool> {
+    let flows: Vec<(IpAddr, u16)> = sources.iter().flat_map(|&s| (0..count).map(move |i| (s, first + i))).collect();
+    let flows = Arc::new(flows);
+    let next = Arc::new(AtomicUsize::new(0));
+    let results = Arc::new(std::sync::Mutex::new(vec![String::new(); flows.len()]));
+    let handles: Vec<_> = (0..workers.max(1))
+        .map(|_| {
+            let (flows, next, results) = (flows.clone(), next.clone(), results.clone());
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(src, sport)) = flows.get(i) else { return };
+                // One retry: a SYN can meet a backend whose neighbour entry is being refreshed.
+                let r = one_flow(vip, port, udp, src, sport, timeout).or_else(|_| one_flow(vip, port, udp, src, sport, timeout));
+                let line = match r {
+                    Ok(name) => format!("{src} {sport} {name}"),
+                    Err(e) => format!("{src} {sport} FAIL {}", e.to_string().replace(' ', "_")),
+                };
+                if let Ok(mut r) = results.lock() {
+                    r[i] = line;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    let results = results.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?;
+    let mut out = std::io::stdout().lock();
+    let mut failed = 0;
+    for line in results.iter() {
+        writeln!(out, "{line}")?;
+        failed += line.contains(" FAIL ") as usize;
+    }
+    eprintln!("probe: {} flows to {vip}:{port}/{}, {failed} failed", results.len(), if udp { "udp" } else { "tcp" });
+    Ok(failed == 0)
+}
+
+type Flows = BTreeMap<(IpAddr, u16), String>;
+
+fn read_flows(path: &Path) -> Result<Flows> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Flows::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut f = line.split_whitespace();
+        let (Some(src), Some(sport), Some(backend)) = (f.next(), f.next(), f.next()) else { bail!("bad line {line:?}") };
+        let backend = if backend == "FAIL" { format!("FAIL {}", f.next().unwrap_or("")) } else { backend.to_string() };
+        out.insert((src.parse()?, sport.parse()?), backend);
+    }
+    Ok(out)
+}
+
+fn check(config: &Path, service: &str, flows: &Path) -> Result<bool> {
+    let pool = lb::config::load(config)?;
+    let s = pool.service(service).with_context(|| format!("no service {service}"))?;
+    let t = lb::table::build_service(s);
+    let shares = lb::table::shares(s, &t);
+    let flows = read_flows(flows)?;
+    let proto = if s.protocol == lb::config::Protocol::Tcp { 6 } else { 17 };
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let (mut wrong, mut failed) = (0, 0);
+    for ((src, sport), got) in &flows {
+        if got.starts_with("FAIL") {
+            failed += 1;
+            continue;
+        }
+        let h = lb::flowhash::flow_hash(s.hash, *src, s.vip, *sport, s.port, proto);
+        let want = t.owner((h % s.slots) as usize).map(|i| s.backends[i].identity()).unwrap_or_default();
+        if *got != want {
+            if wrong < 5 {
+                println!("  flow {src}:{sport} reached {got}, the table says {want}");
+            }
+            wrong += 1;
+        }
+        *counts.entry(got.clone()).or_default() += 1;
+    }
+    let n = (flows.len() - failed) as f64;
+    // Shares can only be compared over many independent hash inputs: under client-ip, one per
+    // client address, however many connections each makes.
+    let inputs = if s.hash == lb::config::HashMode::ClientIp {
+        flows.keys().map(|k| k.0).collect::<std::collections::BTreeSet<_>>().len()
+    } else {
+        flows.len()
+    };
+    let compare_shares = inputs >= 200;
+    let mut within = true;
+    println!("  {:<12} {:>8} {:>10} {:>10}", "backend", "flows", "share", "table");
+    for (b, sh) in s.backends.iter().zip(&shares) {
+        let c = counts.get(&b.identity()).copied().unwrap_or(0);
+        let sigma = (n * sh.share * (1.0 - sh.share)).sqrt().max(1.0);
+        let ok = !compare_shares || (c as f64 - n * sh.share).abs() <= 5.0 * sigma;
+        within &= ok;
+        println!(
+            "  {:<12} {:>8} {:>9.1}% {:>9.1}%{}",
+            b.identity(),
+            c,
+            100.0 * c as f64 / n.max(1.0),
+            100.0 * sh.share,
+            if ok { "" } else { "  <- outside 5 standard deviations" }
+        );
+    }
+    if !compare_shares {
+        println!("  ({inputs} distinct hash inputs: too few to compare shares; every flow is checked against the table)");
+    }
+    println!(
+        "  {} flows: {} on the backend the table predicts, {wrong} elsewhere, {failed} failed",
+        flows.len(),
+        flows.len() - wrong - failed
+    );
+    Ok(wrong == 0 && failed == 0 && within)
+}
+
+fn compare(before: &Path, after: &Path, removed: Option<&str>, added: Option<&str>) -> Result<bool> {
+    let (a, b) = (read_flows(before)?, read_flows(after)?);
+    let mut moved: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let (mut stayed, mut failed, mut wrong) = (0, 0, 0);
+    for (flow, was) in &a {
+        let Some(now) = b.get(flow) else { continue };
+        if was.starts_with("FAIL") || now.starts_with("FAIL") {
+            failed += 1;
+            continue;
+        }
+        if was == now {
+            if Some(was.as_str()) == removed {
+                wrong += 1; // still on the removed backend
+            }
+            stayed += 1;
+            continue;
+        }
+        *moved.entry((was.clone(), now.clone())).or_default() += 1;
+        let allowed = Some(was.as_str()) == removed || Some(now.as_str()) == added;
+        if !allowed {
+            wrong += 1;
+        }
+    }
+    let total_moved: usize = moved.values().sum();
+    println!("  {} flows compared: {stayed} kept their backend, {total_moved} moved, {failed} failed", a.len());
+    for ((from, to), n) in &moved {
+        println!("    {from} -> {to}: {n}");
+    }
+    match (removed, added) {
+        (Some(r), _) => println!("  flows that moved and were not on {r}: {wrong}"),
+        (_, Some(ad)) => println!("  flows that moved somewhere other than {ad}: {wrong}"),
+        _ => {}
+    }
+    Ok(wrong == 0 && failed == 0)
+}
+
+fn hold(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration, ready: Option<PathBuf>) -> Result<bool> {
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        let src = sources[i % sources.len()];
+        let sport = 40000 + i as u16;
+        let mut s = connect_timeout(bound(src, sport, nix::sys::socket::SockType::Stream)?, SocketAddr::new(vip, port), Duration::from_secs(3))
+            .with_context(|| format!("opening connection {i} from {src}:{sport}"))?;
+        let name = read_name(&mut s)?;
+        conns.push((src, sport, s, name));
+    }
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &conns {
+        *per.entry(c.3.clone()).or_default() += 1;
+    }
+    eprintln!("hold: {n} connections open: {per:?}");
+    if let Some(p) = ready {
+        std::fs::write(p, "ready\n")?;
+    }
+    let end = Instant::now() + seconds;
+    let mut broken = 0;
+    let mut rounds = 0;
+    while Instant::now() < end && broken == 0 {
+        rounds += 1;
+        for (src, sport, s, name) in conns.iter_mut() {
+            let r = s.write_all(b"more\n").map_err(anyhow::Error::from).and_then(|_| read_name(s));
+            match r {
+                Ok(got) if got == *name => {}
+                Ok(got) => {
+                    eprintln!("hold: {src}:{sport} now answered by {got}, was {name}");
+                    broken += 1;
+                }
+                Err(e) => {
+                    eprintln!("hold: {src}:{sport} (on {name}) broke: {e}");
+                    broken += 1;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken");
+    Ok(broken == 0)
+}
+
+fn xdp_pass(iface: &str) -> Result<bool> {
+    use libbpf_rs::libbpf_sys;
+    let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
+    // r0 = XDP_PASS (2); exit
+    let insns = [
+        libbpf_sys::bpf_insn { code: 0xb7, _bitfield_align_1: [], _bitfield_1: libbpf_sys::bpf_insn::new_bitfield_1(0, 0), off: 0, imm: 2 },
+        libbpf_sys::bpf_insn { code: 0x95, _bitfield_align_1: [], _bitfield_1: libbpf_sys::bpf_insn::new_bitfield_1(0, 0), off: 0, imm: 0 },
+    ];
+    let name = std::ffi::CString::new("xdp_pass")?;
+    let license = std::ffi::CString::new("GPL")?;
+    // SAFETY: the instruction array and the strings outlive the call; a null options pointer
+    // asks for defaults.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(libbpf_sys::BPF_PROG_TYPE_XDP, name.as_ptr(), license.as_ptr(), insns.as_ptr(), insns.len() as _, std::ptr::null_mut())
+    };
+    if fd < 0 {
+        bail!("loading XDP_PASS: {}", std::io::Error::from_raw_os_error(-fd));
+    }
+    // SAFETY: a plain descriptor and flags; the attachment outlives this process by design.
+    let rc = unsafe { libbpf_sys::bpf_xdp_attach(ifindex as i32, fd, libbpf_sys::XDP_FLAGS_DRV_MODE, std::ptr::null()) };
+    if rc < 0 {
+        bail!("attaching XDP_PASS to {iface}: {}", std::io::Error::from_raw_os_error(-rc));
+    }
+    Ok(true)
+}

@@ -1,0 +1,298 @@
+#!/usr/bin/env bash
+# End-to-end tests: real TCP and UDP clients and servers in network namespaces, through lb
+# attached to a veth, in native and generic XDP mode. One function per test; each runs in its
+# own subshell with its own topology, a time bound, and a trap that tears everything down.
+#
+#   scripts/e2e.sh                 every test, both modes
+#   scripts/e2e.sh NAME...         only tests whose name contains NAME
+#   V=1 scripts/e2e.sh             show lb's log and the checks' tables as they run
+#
+# Needs root and the release build (cargo build --release --bins --examples). Exit status: 0
+# all passed, 1 some failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/topology.sh
+source scripts/lib/topology.sh
+
+LB=${LB:-target/release/lb}
+E2E=$TOPO_E2E
+TEST_TIMEOUT=${TEST_TIMEOUT:-120}
+V=${V:-0}
+
+say() { echo "    $*"; }
+fail() { echo "    FAIL: $*" >&2; exit 1; }
+show() { if [ "$V" = 1 ]; then cat "$1"; fi; }
+
+# The pool the tests serve; backends are named as their servers answer. WEB lists the web
+# service's backends by number (b3 has weight 2).
+write_pool() { # FILE [WEB]
+    local web="" i weight
+    for i in ${2:-1 2 3}; do
+        weight=""
+        if [ "$i" = 3 ]; then weight=", weight: 2"; fi
+        web+="${web:+, }{address: 10.99.0.$((10 + i)), name: b$i$weight}"
+    done
+    cat >"$1.tmp" <<EOF
+services:
+  - name: web
+    vip: 10.99.0.100
+    port: 80
+    hash: flow
+    backends: [$web]
+  - name: sticky
+    vip: 10.99.0.100
+    port: 8080
+    hash: client-ip
+    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
+  - name: dns
+    vip: 10.99.0.100
+    port: 53
+    protocol: udp
+    algorithm: maglev
+    hash: flow
+    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
+  - name: web6
+    vip: fd99::100
+    port: 80
+    hash: flow
+    backends: [{address: 'fd99::11', name: b1}, {address: 'fd99::12', name: b2}, {address: 'fd99::13', name: b3}]
+EOF
+    mv "$1.tmp" "$1"
+}
+
+# Per-test state: PREFIX, WORK (a scratch directory), LBPID.
+setup() { # MODE [BACKENDS]
+    PREFIX="lbe$$${RANDOM}"
+    WORK=$(mktemp -d /tmp/lb-e2e.XXXXXX)
+    trap teardown EXIT
+    trap 'exit 124' TERM INT
+    topo_up "$PREFIX" "${2:-3}" "$1" || fail "topology"
+    write_pool "$WORK/pool.yaml"
+}
+
+start_lb() { # MODE [EXTRA ARGS]
+    local mode=$1
+    shift
+    ip netns exec "$PREFIX-lb" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode "$mode" --reload-delay 0.05 "$@" \
+        >"$WORK/stats.out" 2>"$WORK/lb.log" &
+    LBPID=$!
+    for _ in $(seq 1 100); do
+        grep -q "serving;" "$WORK/lb.log" && return 0
+        kill -0 "$LBPID" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$WORK/lb.log" >&2
+    fail "lb attach did not start"
+}
+
+teardown() {
+    [ -n "${LBPID:-}" ] && kill "$LBPID" 2>/dev/null && wait "$LBPID" 2>/dev/null
+    topo_down "$PREFIX"
+    [ "$V" = 1 ] && [ -f "$WORK/lb.log" ] && sed 's/^/    | /' "$WORK/lb.log"
+    rm -rf "$WORK"
+}
+
+probe() { # OUT ARGS...  (in the client namespace)
+    local out=$1
+    shift
+    ip netns exec "$PREFIX-client" "$E2E" probe "$@" >"$out" 2>>"$WORK/probe.log"
+}
+
+check() { # SERVICE FLOWS
+    "$E2E" check --config "$WORK/pool.yaml" --service "$1" "$2" >"$WORK/check.out" || { cat "$WORK/check.out" >&2; fail "check $1"; }
+    show "$WORK/check.out"
+}
+
+wait_log() { # PATTERN COUNT: until lb.log has COUNT lines matching
+    for _ in $(seq 1 100); do
+        [ "$(grep -c -- "$1" "$WORK/lb.log")" -ge "$2" ] && return 0
+        sleep 0.05
+    done
+    cat "$WORK/lb.log" >&2
+    fail "no log line matching '$1'"
+}
+
+xdp_attached() { ip -n "$PREFIX-lb" -d link show dev eth0 | grep -q 'prog/xdp'; }
+
+# ---- the tests ----
+
+test_3000_tcp_connections_follow_the_table() { # MODE
+    setup "$1"
+    start_lb "$1"
+    probe "$WORK/flows" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 600 || fail "connections failed"
+    [ "$(wc -l <"$WORK/flows")" -eq 3000 ] || fail "not 3000 flows"
+    # Every connection completed, so every reply came from the VIP; each is on the predicted
+    # backend and the counts match the shares.
+    check web "$WORK/flows"
+    grep "flows:" "$WORK/check.out" | sed 's/^ */    /'
+}
+
+test_udp_and_ipv6_end_to_end() { # MODE
+    setup "$1"
+    start_lb "$1"
+    probe "$WORK/udp" --udp --vip 10.99.0.100 --port 53 --sources "$TOPO_CLIENTS4" --count 200 || fail "UDP"
+    show "$WORK/probe.log"
+    check dns "$WORK/udp"
+    probe "$WORK/v6" --vip fd99::100 --port 80 --sources "$TOPO_CLIENTS6" --count 200 || fail "IPv6"
+    check web6 "$WORK/v6"
+    say "1000 UDP exchanges and 1000 IPv6 connections on their predicted backends"
+}
+
+test_client_ip_keeps_each_client_on_one_backend() { # MODE
+    setup "$1"
+    start_lb "$1"
+    probe "$WORK/flows" --vip 10.99.0.100 --port 8080 --sources "$TOPO_CLIENTS4" --count 200 || fail "connections"
+    check sticky "$WORK/flows"
+    local spread
+    spread=$(awk '{print $1, $3}' "$WORK/flows" | sort -u | awk '{n[$1]++} END {for (c in n) if (n[c] > 1) print c}')
+    [ -z "$spread" ] || fail "clients on more than one backend: $spread"
+    say "$(awk '{print $1}' "$WORK/flows" | sort -u | wc -l) clients, each on one backend over 200 source ports"
+}
+
+test_reload_under_traffic_moves_only_what_it_must() { # MODE
+    setup "$1" 4
+    start_lb "$1"
+    local args=(--vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 400)
+    probe "$WORK/before" "${args[@]}" || fail "before"
+
+    # Remove b2: flows on b1 and b3 keep their backend, flow by flow.
+    write_pool "$WORK/pool.yaml" "1 3"
+    wait_log "web changed (b2 removed" 1
+    probe "$WORK/removed" "${args[@]}" || fail "after removal"
+    "$E2E" compare "$WORK/before" "$WORK/removed" --removed b2 >"$WORK/cmp" || { cat "$WORK/cmp" >&2; fail "a flow moved that was not on b2"; }
+    show "$WORK/cmp"
+    check web "$WORK/removed"
+
+    # Add b4: flows only move to it.
+    write_pool "$WORK/pool.yaml" "1 3 4"
+    wait_log "b4 added" 1
+    probe "$WORK/added" "${args[@]}" || fail "after addition"
+    "$E2E" compare "$WORK/removed" "$WORK/added" --added b4 >"$WORK/cmp2" || { cat "$WORK/cmp2" >&2; fail "a flow moved elsewhere than b4"; }
+    show "$WORK/cmp2"
+    check web "$WORK/added"
+
+    # An invalid file written while 2000 connections are being made: none fails, and the
+    # previous table keeps serving.
+    probe "$WORK/during" "${args[@]}" &
+    local p=$!
+    sleep 0.1
+    echo "services: [ {name: web, vip: 10.99.0.100, port: 80, backends: [" >"$WORK/pool.yaml"
+    wait "$p" || fail "connections failed while an invalid file was written"
+    wait_log "reload refused" 1
+    write_pool "$WORK/expected.yaml" "1 3 4"
+    "$E2E" check --config "$WORK/expected.yaml" --service web "$WORK/during" >"$WORK/check.out" || { cat "$WORK/check.out" >&2; fail "old table not serving"; }
+    say "$(grep -c . "$WORK/before") flows: removal moved only b2's, addition moved flows only to b4; invalid file refused, 0 failed connections"
+}
+
+test_long_lived_connections_survive_a_reload() { # MODE
+    setup "$1"
+    start_lb "$1"
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
+        --connections 60 --seconds 3 --ready-file "$WORK/ready" 2>"$WORK/hold.log" &
+    local h=$!
+    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
+    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    # A reload that does not touch web: dns changes, a service is added.
+    sed -i 's/    port: 53/    port: 5353/' "$WORK/pool.yaml"
+    wait_log "dns changed" 1
+    wait "$h" || { cat "$WORK/hold.log" >&2; fail "a long-lived connection broke"; }
+    say "$(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
+}
+
+test_sigterm_and_kill_leave_the_interface_clean() { # MODE
+    setup "$1"
+    start_lb "$1"
+    xdp_attached || fail "no program while lb runs"
+    kill -TERM "$LBPID"
+    local rc=0
+    wait "$LBPID" || rc=$?
+    LBPID=
+    [ "$rc" -eq 0 ] || fail "SIGTERM exit status $rc"
+    grep -q "SIGTERM: detached from eth0" "$WORK/lb.log" || fail "no detach line"
+    if xdp_attached; then fail "program left after SIGTERM"; fi
+    start_lb "$1"
+    kill -9 "$LBPID"
+    wait "$LBPID" 2>/dev/null || true
+    LBPID=
+    for _ in $(seq 1 50); do xdp_attached || break; sleep 0.1; done
+    if xdp_attached; then fail "program left after kill -9"; fi
+    say "SIGTERM: exit 0 and detached; kill -9: no stale program"
+}
+
+test_bad_command_lines_fail_clearly_and_attach_nothing() { # MODE
+    setup "$1"
+    chmod 755 "$WORK" && chmod 644 "$WORK/pool.yaml" # readable by the unprivileged user below
+    expect_error() { # NEEDLE COMMAND...
+        local needle=$1
+        shift
+        local out
+        if out=$("$@" 2>&1); then fail "succeeded: $*"; fi
+        grep -qF -- "$needle" <<<"$out" || fail "expected '$needle' from $*, got: $out"
+        if xdp_attached; then fail "left a program attached: $*"; fi
+    }
+    expect_error "no such interface \`eth9\`" ip netns exec "$PREFIX-lb" "$LB" attach eth9 --config "$WORK/pool.yaml"
+    expect_error "missing.yaml: no such file" ip netns exec "$PREFIX-lb" "$LB" attach eth0 --config "$WORK/missing.yaml"
+    expect_error "invalid value 'fast' for '--xdp-mode <MODE>'" ip netns exec "$PREFIX-lb" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode fast
+    expect_error "lb attach needs root" ip netns exec "$PREFIX-lb" setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
+        "$LB" attach eth0 --config "$WORK/pool.yaml"
+    say "no such interface, missing config, bad flag, not root: each a clear error, nothing attached"
+}
+
+# ---- runner ----
+
+TESTS=(
+    "test_3000_tcp_connections_follow_the_table native"
+    "test_3000_tcp_connections_follow_the_table generic"
+    "test_udp_and_ipv6_end_to_end native"
+    "test_udp_and_ipv6_end_to_end generic"
+    "test_client_ip_keeps_each_client_on_one_backend native"
+    "test_client_ip_keeps_each_client_on_one_backend generic"
+    "test_reload_under_traffic_moves_only_what_it_must native"
+    "test_reload_under_traffic_moves_only_what_it_must generic"
+    "test_long_lived_connections_survive_a_reload native"
+    "test_long_lived_connections_survive_a_reload generic"
+    "test_sigterm_and_kill_leave_the_interface_clean native"
+    "test_sigterm_and_kill_leave_the_interface_clean generic"
+    "test_bad_command_lines_fail_clearly_and_attach_nothing native"
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "e2e.sh: needs root (network namespaces, XDP)" >&2
+    exit 1
+fi
+[ -x "$LB" ] && [ -x "$E2E" ] || { echo "e2e.sh: build first: cargo build --release --bins --examples" >&2; exit 1; }
+
+# One test in this process: e2e.sh --one "test_name mode".
+if [ "${1:-}" = --one ]; then
+    set -e
+    # shellcheck disable=SC2086
+    $2
+    exit 0
+fi
+
+passed=0
+failed=()
+for t in "${TESTS[@]}"; do
+    if [ $# -gt 0 ]; then
+        match=0
+        for f in "$@"; do [[ "$t" == *"$f"* ]] && match=1; done
+        [ $match = 1 ] || continue
+    fi
+    started=$(date +%s%N)
+    echo "== ${t/ / (}):"
+    timeout -s TERM "$TEST_TIMEOUT" "$0" --one "$t"
+    rc=$?
+    ms=$((($(date +%s%N) - started) / 1000000))
+    took="$((ms / 1000)).$((ms % 1000 / 100))"
+    if [ $rc -eq 0 ]; then
+        echo "   ok (${took}s)"
+        passed=$((passed + 1))
+    else
+        [ $rc -eq 124 ] && echo "   timed out after ${TEST_TIMEOUT}s"
+        echo "   FAILED (${took}s)"
+        failed+=("$t")
+    fi
+done
+echo "e2e: $passed passed, ${#failed[@]} failed"
+for t in "${failed[@]}"; do echo "  failed: $t"; done
+[ ${#failed[@]} -eq 0 ]
