@@ -75,6 +75,10 @@ enum Cmd {
         service: String,
         /// Probe output.
         flows: PathBuf,
+        /// NAME=IDENTITY: a server that answers NAME is the backend with this identity (for
+        /// backends without a `name` in the pool, whose identity is their address).
+        #[arg(long, value_delimiter = ',')]
+        alias: Vec<String>,
     },
     Compare {
         before: PathBuf,
@@ -124,7 +128,7 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Probe { vip, port, udp, sources, first_port, count, workers, timeout_ms } => {
             probe(vip, port, udp, &sources, first_port, count, workers, Duration::from_millis(timeout_ms))
         }
-        Cmd::Check { config, service, flows } => check(&config, &service, &flows),
+        Cmd::Check { config, service, flows, alias } => check(&config, &service, &flows, &alias),
         Cmd::Compare { before, after, removed, added } => compare(&before, &after, removed.as_deref(), added.as_deref()),
         Cmd::Hold { vip, port, sources, connections, seconds, ready_file } => {
             hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file)
@@ -334,7 +338,8 @@ fn read_flows(path: &Path) -> Result<Flows> {
     Ok(out)
 }
 
-fn check(config: &Path, service: &str, flows: &Path) -> Result<bool> {
+fn check(config: &Path, service: &str, flows: &Path, aliases: &[String]) -> Result<bool> {
+    let alias: HashMap<&str, &str> = aliases.iter().filter_map(|a| a.split_once('=')).collect();
     let pool = lb::config::load(config)?;
     let s = pool.service(service).with_context(|| format!("no service {service}"))?;
     let t = lb::table::build_service(s);
@@ -348,6 +353,7 @@ fn check(config: &Path, service: &str, flows: &Path) -> Result<bool> {
             failed += 1;
             continue;
         }
+        let got = &alias.get(got.as_str()).map_or(got.clone(), |s| s.to_string());
         let h = lb::flowhash::flow_hash(s.hash, *src, s.vip, *sport, s.port, proto);
         let want = t.owner((h % s.slots) as usize).map(|i| s.backends[i].identity()).unwrap_or_default();
         if *got != want {
@@ -371,7 +377,9 @@ fn check(config: &Path, service: &str, flows: &Path) -> Result<bool> {
     println!("  {:<12} {:>8} {:>10} {:>10}", "backend", "flows", "share", "table");
     for (b, sh) in s.backends.iter().zip(&shares) {
         let c = counts.get(&b.identity()).copied().unwrap_or(0);
-        let sigma = (n * sh.share * (1.0 - sh.share)).sqrt().max(1.0);
+        // Flows of one hash input move together: the spread is that of the inputs, scaled.
+        let per_input = n / inputs.max(1) as f64;
+        let sigma = ((inputs as f64 * sh.share * (1.0 - sh.share)).sqrt() * per_input).max(1.0);
         let ok = !compare_shares || (c as f64 - n * sh.share).abs() <= 5.0 * sigma;
         within &= ok;
         println!(
