@@ -109,6 +109,30 @@ enum Cmd {
     XdpPass {
         iface: String,
     },
+    /// Attaches the benchmark floor (swap MACs, XDP_TX) to IFACE in driver mode.
+    XdpFloor {
+        iface: String,
+    },
+    /// Sends identical UDP frames out of IFACE as fast as BPF_PROG_TEST_RUN's live-frame mode
+    /// can, for SECONDS; prints the packets sent per second.
+    Trafgen {
+        iface: String,
+        #[arg(long)]
+        dst_mac: String,
+        #[arg(long)]
+        src: std::net::Ipv4Addr,
+        #[arg(long)]
+        dst: std::net::Ipv4Addr,
+        #[arg(long)]
+        dport: u16,
+        #[arg(long)]
+        seconds: f64,
+    },
+}
+
+#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
+mod floor {
+    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
 }
 
 fn main() -> ExitCode {
@@ -134,6 +158,8 @@ fn run(cli: Cli) -> Result<bool> {
             hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file)
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
+        Cmd::XdpFloor { iface } => xdp_floor(&iface),
+        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds } => trafgen(&iface, &dst_mac, src, dst, dport, seconds),
     }
 }
 
@@ -481,12 +507,11 @@ fn hold(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration,
     Ok(broken == 0)
 }
 
-fn xdp_pass(iface: &str) -> Result<bool> {
+/// Loads `r0 = action; exit` as an XDP program; returns its descriptor.
+fn return_program(action: i32) -> Result<i32> {
     use libbpf_rs::libbpf_sys;
-    let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
-    // r0 = XDP_PASS (2); exit
     let insns = [
-        libbpf_sys::bpf_insn { code: 0xb7, _bitfield_align_1: [], _bitfield_1: libbpf_sys::bpf_insn::new_bitfield_1(0, 0), off: 0, imm: 2 },
+        libbpf_sys::bpf_insn { code: 0xb7, _bitfield_align_1: [], _bitfield_1: libbpf_sys::bpf_insn::new_bitfield_1(0, 0), off: 0, imm: action },
         libbpf_sys::bpf_insn { code: 0x95, _bitfield_align_1: [], _bitfield_1: libbpf_sys::bpf_insn::new_bitfield_1(0, 0), off: 0, imm: 0 },
     ];
     let name = std::ffi::CString::new("xdp_pass")?;
@@ -497,12 +522,83 @@ fn xdp_pass(iface: &str) -> Result<bool> {
         libbpf_sys::bpf_prog_load(libbpf_sys::BPF_PROG_TYPE_XDP, name.as_ptr(), license.as_ptr(), insns.as_ptr(), insns.len() as _, std::ptr::null_mut())
     };
     if fd < 0 {
-        bail!("loading XDP_PASS: {}", std::io::Error::from_raw_os_error(-fd));
+        bail!("loading an XDP program: {}", std::io::Error::from_raw_os_error(-fd));
     }
+    Ok(fd)
+}
+
+fn attach_driver_mode(iface: &str, fd: i32) -> Result<bool> {
+    use libbpf_rs::libbpf_sys;
+    let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
     // SAFETY: a plain descriptor and flags; the attachment outlives this process by design.
     let rc = unsafe { libbpf_sys::bpf_xdp_attach(ifindex as i32, fd, libbpf_sys::XDP_FLAGS_DRV_MODE, std::ptr::null()) };
     if rc < 0 {
-        bail!("attaching XDP_PASS to {iface}: {}", std::io::Error::from_raw_os_error(-rc));
+        bail!("attaching an XDP program to {iface}: {}", std::io::Error::from_raw_os_error(-rc));
     }
+    Ok(true)
+}
+
+fn xdp_pass(iface: &str) -> Result<bool> {
+    attach_driver_mode(iface, return_program(2)?)
+}
+
+fn xdp_floor(iface: &str) -> Result<bool> {
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    let mut object = std::mem::MaybeUninit::uninit();
+    let skel = floor::FloorSkelBuilder::default().open(&mut object)?.load()?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&skel.progs.floor_xdp));
+    attach_driver_mode(iface, fd)
+}
+
+fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, dport: u16, seconds: f64) -> Result<bool> {
+    use libbpf_rs::libbpf_sys;
+    let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
+    let mac: Vec<u8> = dst_mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
+    anyhow::ensure!(mac.len() == 6, "bad MAC {dst_mac}");
+    // Ethernet + IPv4 + UDP + 18 bytes: a 64-byte frame on the wire (without FCS: 60).
+    let mut f = mac.clone();
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x77, 0x08, 0x00]);
+    let mut ip = vec![0x45, 0, 0, 46, 0, 1, 0x40, 0, 64, 17, 0, 0];
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    let mut sum: u32 = ip.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]) as u32).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&4242u16.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
+    f.extend_from_slice(&26u16.to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&[0x42; 18]);
+    // In live-frame mode the program runs on frames built from this one and XDP_TX sends
+    // each out of the interface named in the context.
+    let fd = return_program(3)?;
+    let ctx = libbpf_sys::xdp_md { data: 0, data_end: f.len() as u32, data_meta: 0, ingress_ifindex: ifindex, rx_queue_index: 0, egress_ifindex: 0 };
+    let start = Instant::now();
+    let mut sent: u64 = 0;
+    let batch = 1 << 20;
+    while start.elapsed().as_secs_f64() < seconds {
+        let mut opts = libbpf_sys::bpf_test_run_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _,
+            data_in: f.as_ptr() as *const _,
+            data_size_in: f.len() as u32,
+            ctx_in: &ctx as *const _ as *const _,
+            ctx_size_in: std::mem::size_of::<libbpf_sys::xdp_md>() as u32,
+            repeat: batch,
+            flags: libbpf_sys::BPF_F_TEST_XDP_LIVE_FRAMES,
+            ..Default::default()
+        };
+        // SAFETY: data_in and ctx_in point to live buffers of the sizes given, which outlive
+        // the call; nothing is written back in live-frame mode.
+        let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(fd, &mut opts) };
+        if rc != 0 {
+            bail!("BPF_PROG_TEST_RUN live frames: {}", std::io::Error::last_os_error());
+        }
+        sent += batch as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!("{:.0}", sent as f64 / secs);
     Ok(true)
 }

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Packets per second through lb on a veth pair, against a floor program (swap MACs, XDP_TX) on
+# the same interface in the same run. A generator namespace sends identical 64-byte UDP frames
+# to the VIP with BPF_PROG_TEST_RUN's live-frame mode (examples/e2e.rs trafgen: xdp-trafficgen
+# 1.3.1 from Debian does not load on this kernel); the load balancer's namespace receives them
+# in native XDP. Packets processed per second are read from the veth's own XDP counters, the
+# same way for both programs. Frames sent back (XDP_TX) are dropped at the generator's end,
+# which has no XDP program: only the receiving side is measured.
+#
+#   scripts/bench-veth.sh [SECONDS] [ROUNDS]      needs root and the release build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_RUN=${1:-3}
+ROUNDS=${2:-3}
+LB=target/release/lb
+E2E=target/release/examples/e2e
+[ -x "$LB" ] && [ -x "$E2E" ] || { echo "build first: cargo build --release --bins --examples" >&2; exit 1; }
+G=lbbench-gen
+L=lbbench-lb
+WORK=$(mktemp -d /tmp/lb-bench.XXXXXX)
+LBPID=
+cleanup() {
+    [ -n "$LBPID" ] && kill "$LBPID" 2>/dev/null && wait "$LBPID" 2>/dev/null
+    ip netns del "$G" 2>/dev/null || true
+    ip netns del "$L" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cleanup
+WORK=$(mktemp -d /tmp/lb-bench.XXXXXX)
+
+ip netns add "$G"
+ip netns add "$L"
+ip link add eth0 netns "$G" type veth peer name eth0 netns "$L"
+for ns in "$G" "$L"; do ip -n "$ns" link set lo up; ip -n "$ns" link set eth0 up; done
+ip -n "$G" addr add 10.98.0.1/24 dev eth0
+ip -n "$L" addr add 10.98.0.2/24 dev eth0
+ip -n "$L" addr add 10.98.0.100/32 dev eth0
+GMAC=$(ip -n "$G" link show eth0 | awk '/ether/{print $2}')
+LMAC=$(ip -n "$L" link show eth0 | awk '/ether/{print $2}')
+# Two backends on the link; their "MACs" send forwarded frames back to the generator's end.
+ip -n "$L" neigh replace 10.98.0.11 lladdr "$GMAC" dev eth0 nud permanent
+ip -n "$L" neigh replace 10.98.0.12 lladdr "$GMAC" dev eth0 nud permanent
+cat >"$WORK/pool.yaml" <<YAML
+services:
+  - name: bench
+    vip: 10.98.0.100
+    port: 53
+    protocol: udp
+    hash: flow
+    backends: [10.98.0.11, 10.98.0.12]
+YAML
+
+xdp_packets() { ip netns exec "$L" ethtool -S eth0 | awk '/rx_queue_0_xdp_packets/{print $2}'; }
+measure() { # prints packets processed per second on the load balancer's side
+    local c0 c1 t0 t1
+    c0=$(xdp_packets)
+    t0=$(date +%s%N)
+    ip netns exec "$G" "$E2E" trafgen eth0 --dst-mac "$LMAC" --src 10.98.0.1 --dst 10.98.0.100 --dport 53 --seconds "$SECONDS_PER_RUN" >/dev/null
+    t1=$(date +%s%N)
+    c1=$(xdp_packets)
+    echo $(((c1 - c0) * 1000000000 / (t1 - t0)))
+}
+
+floor_runs=()
+lb_runs=()
+for r in $(seq 1 "$ROUNDS"); do
+    ip netns exec "$L" "$E2E" xdp-floor eth0
+    floor_runs+=("$(measure)")
+    ip -n "$L" link set dev eth0 xdp off
+
+    ip netns exec "$L" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode native >/dev/null 2>"$WORK/lb.log" &
+    LBPID=$!
+    for _ in $(seq 1 100); do grep -q "serving;" "$WORK/lb.log" && break; sleep 0.05; done
+    lb_runs+=("$(measure)")
+    kill -TERM "$LBPID"
+    wait "$LBPID" || true
+    LBPID=
+    fwd=$(grep -o "forwarded [0-9]*" "$WORK/lb.log" | awk '{print $2}')
+    echo "round $r: floor ${floor_runs[-1]} pps, lb ${lb_runs[-1]} pps (lb forwarded $fwd packets, $(grep -o 'dropped [0-9]*' "$WORK/lb.log"))"
+done
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+f=$(median "${floor_runs[@]}")
+l=$(median "${lb_runs[@]}")
+echo "packets per second through one veth in native XDP, 64-byte UDP frames, $ROUNDS rounds of ${SECONDS_PER_RUN}s (median):"
+printf '  %-34s %12s\n' "floor (swap MACs, XDP_TX)" "$f"
+printf '  %-34s %12s\n' "lb (VIP hit, XDP_TX)" "$l"
+echo "  lb / floor: $(awk -v a="$l" -v b="$f" 'BEGIN {printf "%.2f", a / b}')"
