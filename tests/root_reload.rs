@@ -55,6 +55,12 @@ fn setup(layout: impl FnOnce(&Path) -> std::path::PathBuf, extra: &[&str]) -> En
     Env { p, dir, lb, live }
 }
 
+/// The usual layout: pool.yaml, a plain file holding V0.
+fn plain_file(dir: &Path) -> std::path::PathBuf {
+    std::fs::write(dir.join("pool.yaml"), V0).expect("write");
+    dir.join("pool.yaml")
+}
+
 fn svc_of(s: &lb::config::Service) -> (IpAddr, u16, Protocol) {
     (s.vip, s.port, s.protocol)
 }
@@ -215,10 +221,7 @@ fn root_reload_follows_every_way_of_replacing_the_file() {
 #[test]
 fn root_reload_refuses_bad_files_and_keeps_serving_byte_for_byte() {
     let mut env = setup(
-        |dir| {
-            std::fs::write(dir.join("pool.yaml"), V0).expect("write");
-            dir.join("pool.yaml")
-        },
+        plain_file,
         &[],
     );
     let path = env.dir.join("pool.yaml");
@@ -255,10 +258,7 @@ fn root_reload_refuses_bad_files_and_keeps_serving_byte_for_byte() {
 #[test]
 fn root_reload_after_100_rapid_writes_serves_the_last_file() {
     let mut env = setup(
-        |dir| {
-            std::fs::write(dir.join("pool.yaml"), V0).expect("write");
-            dir.join("pool.yaml")
-        },
+        plain_file,
         &[],
     );
     let path = env.dir.join("pool.yaml");
@@ -288,10 +288,7 @@ fn root_reload_after_100_rapid_writes_serves_the_last_file() {
 fn root_reload_on_sighup_and_adding_and_removing_services() {
     // File events are effectively off (an hour of debounce): only SIGHUP reloads here.
     let mut env = setup(
-        |dir| {
-            std::fs::write(dir.join("pool.yaml"), V0).expect("write");
-            dir.join("pool.yaml")
-        },
+        plain_file,
         &["--reload-delay", "3600", "--recheck-interval", "3600"],
     );
     let path = env.dir.join("pool.yaml");
