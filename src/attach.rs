@@ -292,14 +292,10 @@ fn reachability_problems(
     problems
 }
 
+/// Every backend address of the pool, once each, in pool order.
 fn distinct_backends(pool: &Pool) -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    for b in pool.services.iter().flat_map(|s| &s.backends) {
-        if !out.contains(&b.address) {
-            out.push(b.address);
-        }
-    }
-    out
+    let mut seen = HashSet::new();
+    pool.services.iter().flat_map(|s| &s.backends).map(|b| b.address).filter(|a| seen.insert(*a)).collect()
 }
 
 /// Reads the neighbour table, primes every backend without a usable entry, and waits up to
@@ -313,8 +309,9 @@ fn resolve_initial(
     timeout: Duration,
 ) -> Result<Option<HashMap<IpAddr, [u8; 6]>>> {
     let mut macs = HashMap::new();
+    let wanted: HashSet<IpAddr> = backends.iter().copied().collect();
     let take = |n: &Neighbour, macs: &mut HashMap<IpAddr, [u8; 6]>| {
-        if let (true, Some(m)) = (n.ifindex == ifc.ifindex && backends.contains(&n.addr), n.mac) {
+        if let (true, Some(m)) = (n.ifindex == ifc.ifindex && wanted.contains(&n.addr), n.mac) {
             macs.insert(n.addr, m);
         }
     };
@@ -631,9 +628,10 @@ fn refresh_neighbours(
     backends: &[IpAddr],
     failing: &mut HashSet<IpAddr>,
 ) -> Result<()> {
-    let table = nl.neighbours(ifc.ifindex).context("reading the neighbour table")?;
+    let table: HashMap<IpAddr, Neighbour> =
+        nl.neighbours(ifc.ifindex).context("reading the neighbour table")?.into_iter().map(|n| (n.addr, n)).collect();
     for &addr in backends {
-        match table.iter().find(|n| n.addr == addr) {
+        match table.get(&addr) {
             Some(n) if n.mac.is_some() => {
                 apply_neighbour(dp, n, failing)?;
                 if n.state == netlink::NUD_STALE {

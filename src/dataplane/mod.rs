@@ -193,17 +193,6 @@ impl Dataplane {
         Ok(())
     }
 
-    /// The distinct backend addresses of the installed pool.
-    pub fn backend_addresses(&self) -> Vec<IpAddr> {
-        let mut out: Vec<IpAddr> = Vec::new();
-        for b in self.state.services.iter().flat_map(|s| &s.backends) {
-            if !out.contains(&b.address) {
-                out.push(b.address);
-            }
-        }
-        out
-    }
-
     /// Points every backend at `addr` to `mac` (None: unknown, its packets are dropped as
     /// `no_mac`). Returns whether anything changed. One 8-byte value per backend id, so a packet
     /// sees the old MAC or the new one.
