@@ -46,6 +46,12 @@ enum Cmd {
         /// address they were sent to, as direct server return needs; default: every address.
         #[arg(long)]
         udp_address: Vec<IpAddr>,
+        /// An HTTP port whose every GET is answered with the status code in --status-file
+        /// (200 when the file is missing): a health endpoint the tests can turn bad.
+        #[arg(long)]
+        http: Option<u16>,
+        #[arg(long)]
+        status_file: Option<PathBuf>,
     },
     Probe {
         #[arg(long)]
@@ -148,7 +154,13 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<bool> {
     match cli.cmd {
-        Cmd::Serve { name, tcp, udp, udp_address } => serve(&name, &tcp, &udp, &udp_address),
+        Cmd::Serve { name, tcp, udp, udp_address, http, status_file } => {
+            if let Some(port) = http {
+                let listener = dual_stack_listener(port).with_context(|| format!("listening on http {port}"))?;
+                std::thread::spawn(move || http_status(listener, status_file));
+            }
+            serve(&name, &tcp, &udp, &udp_address)
+        }
         Cmd::Probe { vip, port, udp, sources, first_port, count, workers, timeout_ms } => {
             probe(vip, port, udp, &sources, first_port, count, workers, Duration::from_millis(timeout_ms))
         }
@@ -230,6 +242,25 @@ fn serve(name: &str, tcp: &[u16], udp: &[u16], udp_addresses: &[IpAddr]) -> Resu
         let _ = t.join();
     }
     Ok(true)
+}
+
+/// Answers every GET with the status in `status_file`; `flap` there alternates 200 and 503 from
+/// one request to the next.
+fn http_status(listener: TcpListener, status_file: Option<PathBuf>) {
+    let mut answered = 0u64;
+    for conn in listener.incoming().map_while(Result::ok) {
+        answered += 1;
+        let mut conn = conn;
+        let mut buf = [0u8; 1024];
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = conn.read(&mut buf);
+        let text = status_file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).unwrap_or_default();
+        let code: u16 = match text.trim() {
+            "flap" => [200, 503][(answered % 2) as usize],
+            t => t.parse().unwrap_or(200),
+        };
+        let _ = conn.write_all(format!("HTTP/1.0 {code} Status\r\nContent-Length: 0\r\n\r\n").as_bytes());
+    }
 }
 
 /// A socket bound to (src, sport), not yet connected.

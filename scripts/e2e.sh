@@ -238,6 +238,74 @@ test_bad_command_lines_fail_clearly_and_attach_nothing() { # MODE
     say "no such interface, missing config, bad flag, not root: each a clear error, nothing attached"
 }
 
+# A health check on web: WEB_CHECK is its YAML mapping.
+with_check() { # FILE CHECK
+    sed -i "s|    port: 80\n    hash: flow|&|; /name: web$/,/backends:/ s|^    hash: flow$|    hash: flow\n    health_check: $2|" "$1"
+    grep -q "health_check: $2" "$1" || fail "could not add the health check"
+}
+
+test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
+    setup "$1"
+    with_check "$WORK/pool.yaml" "{kind: tcp, interval: 500ms, timeout: 300ms, rise: 2, fall: 3}"
+    start_lb "$1"
+    local args=(--vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 200)
+    probe "$WORK/before" "${args[@]}" || fail "before"
+
+    local t0 t1
+    t0=$(date +%s%N)
+    topo_server_stop "$PREFIX" 2
+    wait_log "web backend b2 10.99.0.12 is down after 3 failed probes (connection refused)" 1
+    t1=$(date +%s%N)
+    # interval x fall = 1.5 s, plus a probe in flight and scheduling: 2.5 s is the bound.
+    [ $(((t1 - t0) / 1000000)) -le 2500 ] || fail "took $(((t1 - t0) / 1000000)) ms to leave"
+    wait_log "health: applied in" 1
+    probe "$WORK/down" "${args[@]}" || fail "connections failed with b2 down"
+    "$E2E" compare "$WORK/before" "$WORK/down" --removed b2 >"$WORK/cmp" || { cat "$WORK/cmp" >&2; fail "a flow moved that was not on b2"; }
+    show "$WORK/cmp"
+    local moved
+    moved=$(grep -o "[0-9]* moved," "$WORK/cmp" | head -1 | tr -dc 0-9)
+
+    topo_server_start "$PREFIX" 2
+    wait_log "web backend b2 10.99.0.12 is up after 2 good probes" 1
+    wait_log "health: applied in" 2
+    probe "$WORK/back" "${args[@]}" || fail "after recovery"
+    "$E2E" compare "$WORK/before" "$WORK/back" >"$WORK/cmp2" || { cat "$WORK/cmp2" >&2; fail "flows did not all return"; }
+    say "b2 left in $(((t1 - t0) / 1000000)) ms, $moved of 1000 flows (only b2's) moved; after 2 good probes every flow is back"
+}
+
+test_health_a_flapping_backend_does_not_churn_the_table() { # MODE
+    setup "$1"
+    with_check "$WORK/pool.yaml" "{kind: http, port: 8081, path: /healthz, interval: 200ms, timeout: 150ms, rise: 2, fall: 2}"
+    echo flap >"/tmp/$PREFIX-b2.status"
+    start_lb "$1"
+    sleep 2.5 # about 12 probes, alternating good and bad
+    if grep -q "is down\|health: applied" "$WORK/lb.log"; then cat "$WORK/lb.log" >&2; fail "a flapping backend changed the table"; fi
+    # Two bad answers in a row do take it out.
+    echo 503 >"/tmp/$PREFIX-b2.status"
+    wait_log "web backend b2 10.99.0.12 is down after 2 failed probes (HTTP 503)" 1
+    say "12 alternating probes: no change; then 2 failures in a row: down (HTTP 503)"
+}
+
+test_health_http_checks_honour_the_status_range() { # MODE
+    setup "$1"
+    with_check "$WORK/pool.yaml" "{kind: http, port: 8081, path: /healthz, expect: 200-299, interval: 300ms, timeout: 200ms, rise: 2, fall: 2}"
+    start_lb "$1"
+    echo 302 >"/tmp/$PREFIX-b3.status"
+    wait_log "web backend b3 10.99.0.13 is down after 2 failed probes (HTTP 302)" 1
+    echo 204 >"/tmp/$PREFIX-b3.status"
+    wait_log "web backend b3 10.99.0.13 is up after 2 good probes" 1
+    # Every backend down: the service fails open.
+    for i in 1 2 3; do echo 503 >"/tmp/$PREFIX-b$i.status"; done
+    wait_log "every backend of web is down; serving web with all of them (fail open)" 1
+    probe "$WORK/open" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 100 || fail "fail open does not serve"
+    check web "$WORK/open"
+    echo 200 >"/tmp/$PREFIX-b1.status"
+    wait_log "web has a healthy backend again" 1
+    probe "$WORK/one" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 100 || fail "after recovery"
+    [ "$(awk '{print $3}' "$WORK/one" | sort -u)" = b1 ] || fail "traffic not only on b1: $(awk '{print $3}' "$WORK/one" | sort | uniq -c)"
+    say "302 outside 200-299: down; 204: up; all down: served as configured (fail open); b1 back: only b1"
+}
+
 # ---- runner ----
 
 TESTS=(
@@ -254,6 +322,10 @@ TESTS=(
     "test_sigterm_and_kill_leave_the_interface_clean native"
     "test_sigterm_and_kill_leave_the_interface_clean generic"
     "test_bad_command_lines_fail_clearly_and_attach_nothing native"
+    "test_health_a_stopped_backend_leaves_and_comes_back native"
+    "test_health_a_stopped_backend_leaves_and_comes_back generic"
+    "test_health_a_flapping_backend_does_not_churn_the_table native"
+    "test_health_http_checks_honour_the_status_range native"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

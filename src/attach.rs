@@ -25,7 +25,10 @@ use lb::dataplane::netlink::{self, Neighbour};
 use lb::dataplane::Dataplane;
 use lb::{report, stats, table};
 
+use crate::probe::{Job, Prober};
 use crate::watch::{Debounce, Watcher};
+use lb::health::{self, HealthMap, Transition};
+use std::net::SocketAddr;
 
 /// `--xdp-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -57,6 +60,9 @@ pub struct Plan {
 /// At most this long after the first event of a burst, a reload happens even if a writer still
 /// has the file open.
 const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// Health probes running at once, at most.
+const PROBE_WORKERS: usize = 16;
 
 /// How long a reload waits for the MACs of backends it adds.
 const RELOAD_RESOLVE: Duration = Duration::from_millis(100);
@@ -157,6 +163,11 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         vips: pool.services.iter().map(|s| s.vip).collect(),
         failing: HashSet::new(),
         last_read_error: None,
+        configured: pool.clone(),
+        health: HealthMap::new(),
+        prober: Prober::new(PROBE_WORKERS)?,
+        next_probe: HashMap::new(),
+        failing_open: Vec::new(),
     };
     let stop = server.serve()?;
     drop(xdp);
@@ -376,6 +387,22 @@ fn attach_with_mode(dp: &Dataplane, ifc: &Interface, mode: ModeArg) -> Result<li
     }
 }
 
+/// `web changed (b2 removed; 16827 slots written), dns added (65537 slots written)`.
+fn describe_touched(touched: &[lb::plan::Touched]) -> String {
+    if touched.is_empty() {
+        return "no service changed".to_string();
+    }
+    let what: Vec<String> = touched
+        .iter()
+        .map(|t| {
+            let mut parts = t.notes.clone();
+            parts.push(format!("{} slots written", t.slots_written));
+            format!("{} {} ({})", t.name, t.change, parts.join("; "))
+        })
+        .collect();
+    what.join(", ")
+}
+
 fn digest(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh64::xxh64(bytes, 0)
 }
@@ -399,9 +426,126 @@ struct Server<'a> {
     /// Backends whose resolution failed and was reported.
     failing: HashSet<IpAddr>,
     last_read_error: Option<String>,
+    /// The pool as the file says; what is installed is this with health applied.
+    configured: Pool,
+    health: HealthMap,
+    prober: Prober,
+    /// When each checked backend is probed next.
+    next_probe: HashMap<(String, String), Instant>,
+    /// Services whose every backend is down, served as if all were up.
+    failing_open: Vec<String>,
+}
+
+/// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise; by identity.
+fn label_of(pool: &Pool, service: &str, identity: &str) -> String {
+    pool.service(service)
+        .and_then(|s| s.backends.iter().find(|b| b.identity() == identity))
+        .map_or(identity.to_string(), backend_label)
 }
 
 impl Server<'_> {
+    /// Queues the probes that are due; returns when the next one is.
+    fn schedule_probes(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for s in &self.configured.services {
+            let Some(check) = &s.health_check else { continue };
+            for b in s.backends.iter().filter(|b| b.weight > 0) {
+                let key = (s.name.clone(), b.identity());
+                let due = *self.next_probe.entry(key.clone()).or_insert(now);
+                let due = if due <= now {
+                    self.prober.submit(Job { key: key.clone(), addr: SocketAddr::new(b.address, check.port), check: check.clone() });
+                    let again = now + check.interval;
+                    self.next_probe.insert(key, again);
+                    again
+                } else {
+                    due
+                };
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+        }
+        next
+    }
+
+    /// Takes the probe results that arrived; when a backend changes state, installs the pool
+    /// with health applied.
+    fn health_results(&mut self) -> Result<()> {
+        let mut changed = false;
+        for (key, result) in self.prober.drain() {
+            let Some(check) = self.configured.service(&key.0).and_then(|s| s.health_check.clone()) else { continue };
+            let h = self.health.entry(key.clone()).or_default();
+            let label = label_of(&self.configured, &key.0, &key.1);
+            match h.record(result, check.rise, check.fall) {
+                Some(Transition::Down { failures, reason }) => {
+                    log(format!(
+                        "health: {} backend {label} is down after {failures} failed probes ({reason}); its slots go to the others",
+                        key.0
+                    ));
+                    changed = true;
+                }
+                Some(Transition::Up { successes }) => {
+                    log(format!("health: {} backend {label} is up after {successes} good probes; its slots come back", key.0));
+                    changed = true;
+                }
+                None => {}
+            }
+        }
+        if changed {
+            self.install_effective("health")?;
+        }
+        Ok(())
+    }
+
+    /// Installs the configured pool with health applied, and says what that changed.
+    fn install_effective(&mut self, why: &str) -> Result<Option<lb::dataplane::Applied>> {
+        let (pool, open) = health::effective(&self.configured, &self.health);
+        for s in &open {
+            if !self.failing_open.contains(s) {
+                log(format!("health: every backend of {s} is down; serving {s} with all of them (fail open) until one is up"));
+            }
+        }
+        for s in &self.failing_open {
+            if !open.contains(s) && self.configured.service(s).is_some() {
+                log(format!("health: {s} has a healthy backend again; unhealthy ones are left out again"));
+            }
+        }
+        self.failing_open = open;
+        let applying = Instant::now();
+        match self.dp.apply(&pool) {
+            Ok(applied) => {
+                if why == "health" {
+                    log(format!(
+                        "health: applied in {:.1} ms: {}",
+                        applying.elapsed().as_secs_f64() * 1e3,
+                        describe_touched(&applied.touched)
+                    ));
+                }
+                Ok(Some(applied))
+            }
+            Err(e) if why == "health" => {
+                log(format!("health: could not apply ({e:#}); the current tables keep serving"));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `web: b1 10.0.0.1 healthy, b2 10.0.0.2 down (timeout)` for every checked service.
+    fn health_summary(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in self.configured.services.iter().filter(|s| s.health_check.is_some()) {
+            let states: Vec<String> = s
+                .backends
+                .iter()
+                .map(|b| {
+                    let h = self.health.get(&(s.name.clone(), b.identity())).map_or("healthy".to_string(), |h| h.describe());
+                    format!("{} {h}", backend_label(b))
+                })
+                .collect();
+            out.push(format!("{}: {}", s.name, states.join(", ")));
+        }
+        out
+    }
+
     /// Serves until a stop signal; returns its name.
     fn serve(&mut self) -> Result<String> {
         let started = Instant::now();
@@ -418,12 +562,16 @@ impl Server<'_> {
             if let Some(t) = self.debounce.due() {
                 wake = wake.min(t);
             }
+            if let Some(t) = self.schedule_probes(now) {
+                wake = wake.min(t);
+            }
             let timeout = PollTimeout::try_from(wake.saturating_duration_since(now)).unwrap_or(PollTimeout::MAX);
             {
                 let mut fds = vec![
                     PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
                     PollFd::new(self.events.as_fd(), PollFlags::POLLIN),
                 ];
+                fds.push(PollFd::new(self.prober.as_fd(), PollFlags::POLLIN));
                 if let Some(w) = &self.watcher {
                     fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
                 }
@@ -441,6 +589,7 @@ impl Server<'_> {
                 }
             }
             self.neighbour_events()?;
+            self.health_results()?;
             if let Some(w) = &mut self.watcher {
                 let seen = w.read();
                 if seen.lost {
@@ -470,7 +619,15 @@ impl Server<'_> {
             if let (Some(interval), Some(due)) = (self.plan.stats_interval, next_stats) {
                 if now >= due {
                     next_stats = Some(due + interval);
-                    let snap = self.dp.snapshot()?;
+                    let mut snap = self.dp.snapshot()?;
+                    for s in snap.services.iter_mut() {
+                        if self.configured.service(&s.name).is_some_and(|c| c.health_check.is_some()) {
+                            for b in s.backends.iter_mut() {
+                                let h = self.health.get(&(s.name.clone(), b.label.clone()));
+                                b.health = Some(h.map_or("healthy".to_string(), |h| h.describe()));
+                            }
+                        }
+                    }
                     let seconds = last_stats.as_ref().map_or(now - started, |(t, _)| now - *t).as_secs_f64();
                     let uptime = (now - started).as_secs_f64();
                     let mut out = std::io::stdout().lock();
@@ -541,29 +698,35 @@ impl Server<'_> {
         let backends = distinct_backends(&pool);
         self.resolve_new(&backends)?;
         let applying = Instant::now();
-        match self.dp.apply(&pool) {
-            Ok(applied) => {
+        // Health of backends that stay is kept; new ones start healthy and are probed at once.
+        let previous = std::mem::replace(&mut self.configured, pool.clone());
+        let kept_health = self.health.clone();
+        health::retain(&mut self.health, &pool);
+        self.next_probe.retain(|k, _| {
+            pool.service(&k.0).is_some_and(|s| s.health_check.is_some() && s.backends.iter().any(|b| b.identity() == k.1))
+        });
+        match self.install_effective("reload") {
+            Ok(Some(applied)) => {
                 let done = Instant::now();
-                let what: Vec<String> = applied
-                    .touched
-                    .iter()
-                    .map(|t| {
-                        let mut parts = t.notes.clone();
-                        parts.push(format!("{} slots written", t.slots_written));
-                        format!("{} {} ({})", t.name, t.change, parts.join("; "))
-                    })
-                    .collect();
                 log(format!(
                     "reload ({why}): {} applied in {:.1} ms ({:.1} ms since reading it): {}",
                     path.display(),
                     (done - applying).as_secs_f64() * 1e3,
                     (done - started).as_secs_f64() * 1e3,
-                    if what.is_empty() { "no service changed".to_string() } else { what.join(", ") }
+                    describe_touched(&applied.touched)
                 ));
+                for line in self.health_summary() {
+                    log(format!("  health: {line}"));
+                }
                 self.backends = backends;
                 self.vips = pool.services.iter().map(|s| s.vip).collect();
             }
-            Err(e) => log(format!("reload refused ({why}): {e:#}; the current tables keep serving")),
+            Ok(None) => {}
+            Err(e) => {
+                self.configured = previous;
+                self.health = kept_health;
+                log(format!("reload refused ({why}): {e:#}; the current tables keep serving"));
+            }
         }
         Ok(())
     }

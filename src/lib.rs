@@ -11,6 +11,7 @@ pub mod config;
 pub mod dataplane;
 pub mod diff;
 pub mod flowhash;
+pub mod health;
 pub mod plan;
 pub mod report;
 pub mod stats;

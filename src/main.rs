@@ -12,6 +12,7 @@ use lb::config::{self, Pool, Service};
 use lb::{diff, report, table};
 
 mod attach;
+mod probe;
 mod watch;
 
 #[derive(Parser)]

@@ -18,6 +18,8 @@ pub struct BackendCounters {
     pub weight: u32,
     /// Whether its MAC is resolved (packets to it are dropped as `no_mac` until it is).
     pub mac_known: bool,
+    /// For a service with health checks: `healthy`, or `down (reason)`.
+    pub health: Option<String>,
     pub traffic: Traffic,
 }
 
@@ -103,11 +105,12 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
             let who = if b.label == b.address.to_string() { b.label.clone() } else { format!("{} {}", b.label, b.address) };
             let _ = writeln!(
                 out,
-                "    backend {who} weight {}: packets {} ({}, {share:.1}%), bytes {}{}",
+                "    backend {who} weight {}: packets {} ({}, {share:.1}%), bytes {}{}{}",
                 b.weight,
                 b.traffic.packets,
                 rate(b.traffic.packets, before, seconds),
                 b.traffic.bytes,
+                b.health.as_ref().map_or(String::new(), |h| format!(" [{h}]")),
                 if b.mac_known { "" } else { " [MAC unresolved]" }
             );
         }
@@ -125,6 +128,7 @@ mod tests {
             address: if label == "b1" { "10.0.0.1" } else { "10.0.0.2" }.parse().unwrap(),
             weight: 1,
             mac_known: label == "b1",
+            health: (label == "b2").then(|| "down (timeout)".to_string()),
             traffic: Traffic { packets, bytes: packets * 100 },
         };
         Snapshot {
@@ -157,6 +161,6 @@ mod tests {
         assert!(t.contains("  drops: malformed=2 no_mac=3\n"), "{t}");
         assert!(t.contains("  service web 10.0.0.100:80/tcp: packets 1100 (500/s), bytes 110000\n"), "{t}");
         assert!(t.contains("    backend b1 10.0.0.1 weight 1: packets 560 (250/s, 50.9%), bytes 56000\n"), "{t}");
-        assert!(t.contains("    backend b2 10.0.0.2 weight 1: packets 540 (250/s, 49.1%), bytes 54000 [MAC unresolved]\n"), "{t}");
+        assert!(t.contains("    backend b2 10.0.0.2 weight 1: packets 540 (250/s, 49.1%), bytes 54000 [down (timeout)] [MAC unresolved]\n"), "{t}");
     }
 }

@@ -43,10 +43,30 @@ topo_add_backend() {
     ip -n "$ns" addr add "$TOPO_VIP6/128" dev lo
     topo_ns "$ns" sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
         net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2
+    topo_server_start "$p" "$i"
+}
+
+# topo_server_start PREFIX I / topo_server_stop PREFIX I: backend I's server (TCP 80, 8080,
+# 443; UDP 53; HTTP health on 8081, answering the status code in /tmp/PREFIX-bI.status).
+topo_server_start() {
+    local p=$1 i=$2
     # UDP answers must leave from the VIP they were sent to: bind UDP to the VIPs.
-    topo_ns "$ns" "$TOPO_E2E" serve "b$i" --tcp 80 --tcp 8080 --tcp 443 --udp 53 \
-        --udp-address "$TOPO_VIP4" --udp-address "$TOPO_VIP6" >/dev/null 2>&1 &
+    # Not through topo_ns: $! must be the server's own pid (ip netns exec execs it).
+    ip netns exec "$p-b$i" "$TOPO_E2E" serve "b$i" --tcp 80 --tcp 8080 --tcp 443 --udp 53 \
+        --udp-address "$TOPO_VIP4" --udp-address "$TOPO_VIP6" --http 8081 --status-file "/tmp/$p-b$i.status" >/dev/null 2>&1 &
     echo $! >>"/tmp/$p.pids"
+    echo $! >"/tmp/$p-b$i.pid"
+}
+
+topo_server_stop() {
+    local p=$1 i=$2 pid
+    if [ -f "/tmp/$p-b$i.pid" ]; then
+        pid=$(cat "/tmp/$p-b$i.pid")
+        kill "$pid" 2>/dev/null || true
+        # Gone for good before returning: its ports refuse from now on.
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+    fi
+    rm -f "/tmp/$p-b$i.pid"
 }
 
 topo_up() {
@@ -84,6 +104,7 @@ topo_down() {
         xargs -r kill <"/tmp/$p.pids" 2>/dev/null || true
         rm -f "/tmp/$p.pids"
     fi
+    rm -f "/tmp/$p"-b*.pid "/tmp/$p"-b*.status
     for ns in $(ip netns list | awk '{print $1}' | grep -E "^$p-" || true); do
         ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true

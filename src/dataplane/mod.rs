@@ -249,6 +249,7 @@ impl Dataplane {
                     address: b.address,
                     weight: b.weight,
                     mac_known: self.macs.contains_key(&b.address),
+                    health: None,
                     traffic: traffic(&self.skel.maps.backend_traffic, b.id)?,
                 });
             }

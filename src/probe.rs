@@ -1,0 +1,223 @@
+//! Health probes for `lb attach`: a few worker threads run blocking probes (a TCP connect, or
+//! an HTTP/1.0 GET) with a timeout each, so the serve loop never waits on a backend. Results
+//! come back on a channel, and a byte on a pipe wakes the loop's poll.
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+use lb::config::{CheckKind, HealthCheck};
+
+/// (service name, backend identity)
+pub type Key = (String, String);
+
+pub struct Job {
+    pub key: Key,
+    pub addr: SocketAddr,
+    pub check: HealthCheck,
+}
+
+pub struct Prober {
+    jobs: Sender<Job>,
+    results: Receiver<(Key, Result<(), String>)>,
+    wake_read: OwnedFd,
+    in_flight: HashSet<Key>,
+}
+
+impl AsFd for Prober {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.wake_read.as_fd()
+    }
+}
+
+impl Prober {
+    /// At most `workers` probes run at once.
+    pub fn new(workers: usize) -> Result<Prober> {
+        let (jobs, job_rx) = channel::<Job>();
+        let (result_tx, results) = channel();
+        let (wake_read, wake_write) = nix::unistd::pipe().context("creating the probes' wake-up pipe")?;
+        fcntl(std::os::fd::AsRawFd::as_raw_fd(&wake_read), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let wake_write = Arc::new(wake_write);
+        for _ in 0..workers.max(1) {
+            let (job_rx, result_tx, wake_write) = (job_rx.clone(), result_tx.clone(), wake_write.clone());
+            std::thread::spawn(move || loop {
+                let job = match job_rx.lock() {
+                    Ok(rx) => match rx.recv() {
+                        Ok(j) => j,
+                        Err(_) => return, // the prober is gone
+                    },
+                    Err(_) => return,
+                };
+                let r = probe(job.addr, &job.check);
+                if result_tx.send((job.key, r)).is_err() {
+                    return;
+                }
+                let _ = nix::unistd::write(&*wake_write, &[1]);
+            });
+        }
+        Ok(Prober { jobs, results, wake_read, in_flight: HashSet::new() })
+    }
+
+    /// Queues a probe unless one for the same backend is still running.
+    pub fn submit(&mut self, job: Job) {
+        if self.in_flight.insert(job.key.clone()) {
+            let _ = self.jobs.send(job);
+        }
+    }
+
+    /// Every result that arrived.
+    pub fn drain(&mut self) -> Vec<(Key, Result<(), String>)> {
+        let mut buf = [0u8; 256];
+        while matches!(nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&self.wake_read), &mut buf), Ok(n) if n > 0) {}
+        let out: Vec<_> = self.results.try_iter().collect();
+        for (k, _) in &out {
+            self.in_flight.remove(k);
+        }
+        out
+    }
+}
+
+/// One probe, bounded by the check's timeout in all.
+pub fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String> {
+    let deadline = Instant::now() + check.timeout;
+    let describe = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => "timeout".to_string(),
+        _ => e.to_string().split(" (os error").next().unwrap_or_default().to_lowercase(),
+    };
+    let mut stream = TcpStream::connect_timeout(&addr, check.timeout).map_err(describe)?;
+    if check.kind == CheckKind::Tcp {
+        return Ok(());
+    }
+    let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    stream.set_write_timeout(Some(left())).map_err(describe)?;
+    let host = match addr {
+        SocketAddr::V4(a) => a.ip().to_string(),
+        SocketAddr::V6(a) => format!("[{}]", a.ip()),
+    };
+    let request = format!("GET {} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: lb-health\r\nConnection: close\r\n\r\n", check.path);
+    stream.write_all(request.as_bytes()).map_err(describe)?;
+    // The status line is all that is needed.
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !head.contains(&b'\n') && head.len() < 4096 {
+        stream.set_read_timeout(Some(left())).map_err(describe)?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(describe(e)),
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    let code = line
+        .split_whitespace()
+        .nth(1)
+        .filter(|_| line.starts_with("HTTP/"))
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| "no HTTP status line in the answer".to_string())?;
+    if (check.expect.0..=check.expect.1).contains(&code) {
+        Ok(())
+    } else {
+        Err(format!("HTTP {code}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn check(kind: CheckKind, expect: (u16, u16)) -> HealthCheck {
+        HealthCheck {
+            kind,
+            port: 0,
+            path: "/healthz".into(),
+            expect,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(300),
+            rise: 2,
+            fall: 3,
+        }
+    }
+
+    /// A one-shot HTTP server on loopback answering `status`; returns its address and the
+    /// request it saw.
+    fn http_once(status: &'static str) -> (SocketAddr, std::thread::JoinHandle<String>) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let _ = s.write_all(format!("HTTP/1.0 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes());
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        (addr, h)
+    }
+
+    #[test]
+    fn tcp_probes_tell_open_from_refused() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let open = l.local_addr().expect("addr");
+        assert_eq!(probe(open, &check(CheckKind::Tcp, (200, 399))), Ok(()));
+        drop(l);
+        assert_eq!(probe(open, &check(CheckKind::Tcp, (200, 399))), Err("connection refused".into()));
+    }
+
+    #[test]
+    fn http_probes_honour_the_status_range() {
+        let (addr, h) = http_once("204 No Content");
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), Ok(()));
+        let request = h.join().expect("server");
+        assert!(request.starts_with("GET /healthz HTTP/1.0\r\n"), "{request}");
+        let (addr, _) = http_once("503 Service Unavailable");
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), Err("HTTP 503".into()));
+        let (addr, _) = http_once("302 Found");
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 299))), Err("HTTP 302".into()));
+        let (addr, _) = http_once("503 Service Unavailable");
+        assert_eq!(probe(addr, &check(CheckKind::Http, (500, 503))), Ok(()), "the range is the operator's");
+    }
+
+    #[test]
+    fn a_silent_server_times_out_within_the_timeout() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        // Accepts (the kernel does, from the backlog) but never answers.
+        let started = Instant::now();
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), Err("timeout".into()));
+        assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
+        drop(l);
+    }
+
+    #[test]
+    fn the_prober_runs_jobs_on_workers_and_wakes_the_loop() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let mut p = Prober::new(2).expect("prober");
+        for i in 0..3 {
+            p.submit(Job { key: ("web".into(), format!("b{i}")), addr, check: check(CheckKind::Tcp, (200, 399)) });
+        }
+        // A second job for a backend still in flight is not queued.
+        p.submit(Job { key: ("web".into(), "b0".into()), addr, check: check(CheckKind::Tcp, (200, 399)) });
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(5);
+        while got.len() < 3 && Instant::now() < end {
+            let mut fds = [nix::poll::PollFd::new(p.as_fd(), nix::poll::PollFlags::POLLIN)];
+            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
+            got.extend(p.drain());
+        }
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|(_, r)| r.is_ok()));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(p.drain().is_empty(), "the duplicate was not run");
+    }
+}
