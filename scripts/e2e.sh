@@ -265,12 +265,19 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
     local moved
     moved=$(grep -o "[0-9]* moved," "$WORK/cmp" | head -1 | tr -dc 0-9)
 
+    # A reload that does not touch web keeps b2's health: it stays out.
+    sed -i 's/    port: 53$/    port: 5353/' "$WORK/pool.yaml"
+    wait_log "dns changed" 1
+    wait_log "  health: web: b1 10.99.0.11 healthy, b2 10.99.0.12 down (connection refused), b3 10.99.0.13 healthy" 1
+    probe "$WORK/reloaded" "${args[@]}" || fail "after the reload"
+    "$E2E" compare "$WORK/down" "$WORK/reloaded" >"$WORK/cmp3" || { cat "$WORK/cmp3" >&2; fail "the reload moved flows back to b2"; }
+
     topo_server_start "$PREFIX" 2
     wait_log "web backend b2 10.99.0.12 is up after 2 good probes" 1
     wait_log "health: applied in" 2
     probe "$WORK/back" "${args[@]}" || fail "after recovery"
     "$E2E" compare "$WORK/before" "$WORK/back" >"$WORK/cmp2" || { cat "$WORK/cmp2" >&2; fail "flows did not all return"; }
-    say "b2 left in $(((t1 - t0) / 1000000)) ms, $moved of 1000 flows (only b2's) moved; after 2 good probes every flow is back"
+    say "b2 left in $(((t1 - t0) / 1000000)) ms, $moved of 1000 flows (only b2's) moved, stayed out across a reload; after 2 good probes every flow is back"
 }
 
 test_health_a_flapping_backend_does_not_churn_the_table() { # MODE
