@@ -282,10 +282,10 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
 
 test_health_a_flapping_backend_does_not_churn_the_table() { # MODE
     setup "$1"
-    with_check "$WORK/pool.yaml" "{kind: http, port: 8081, path: /healthz, interval: 200ms, timeout: 150ms, rise: 2, fall: 2}"
+    with_check "$WORK/pool.yaml" "{kind: http, port: 8081, path: /healthz, interval: 300ms, timeout: 250ms, rise: 2, fall: 2}"
     echo flap >"/tmp/$PREFIX-b2.status"
     start_lb "$1"
-    sleep 2.5 # about 12 probes, alternating good and bad
+    sleep 3.5 # about 12 probes, alternating good and bad
     if grep -q "is down\|health: applied" "$WORK/lb.log"; then cat "$WORK/lb.log" >&2; fail "a flapping backend changed the table"; fi
     # Two bad answers in a row do take it out.
     echo 503 >"/tmp/$PREFIX-b2.status"
