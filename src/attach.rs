@@ -641,8 +641,10 @@ impl Server<'_> {
 
     fn neighbour_events(&mut self) -> Result<()> {
         match self.events.drain_neighbour_events() {
+            Ok(list) if list.is_empty() => {}
             Ok(list) => {
-                for n in list.iter().filter(|n| n.ifindex == self.ifc.ifindex && self.backends.contains(&n.addr)) {
+                let ours: HashSet<IpAddr> = self.backends.iter().copied().collect();
+                for n in list.iter().filter(|n| n.ifindex == self.ifc.ifindex && ours.contains(&n.addr)) {
                     apply_neighbour(self.dp, n, &mut self.failing)?;
                 }
             }

@@ -15,7 +15,7 @@
 //! - ids and table ranges that nothing leads to any more are reused only after a quarantine, so
 //!   a packet still in flight on the old state never meets a rewritten one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -158,8 +158,10 @@ fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if old.slots != new.slots {
         out.push(format!("slots {} -> {}", old.slots, new.slots));
     }
+    let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
+    let after: HashSet<&str> = new.backends.iter().map(|b| b.identity.as_str()).collect();
     for b in &new.backends {
-        match old.backends.iter().find(|o| o.identity == b.identity) {
+        match before.get(b.identity.as_str()) {
             None => out.push(format!("{} added", b.identity)),
             Some(o) if o.weight != b.weight => out.push(format!("{} weight {} -> {}", b.identity, o.weight, b.weight)),
             Some(o) if o.address != b.address => out.push(format!("{} address {} -> {}", b.identity, o.address, b.address)),
@@ -167,7 +169,7 @@ fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
         }
     }
     for o in &old.backends {
-        if !new.backends.iter().any(|b| b.identity == o.identity) {
+        if !after.contains(o.identity.as_str()) {
             out.push(format!("{} removed", o.identity));
         }
     }
@@ -355,10 +357,12 @@ pub fn plan(
     let mut kept_ids: BTreeSet<u32> = BTreeSet::new();
     for (s, table) in pool.services.iter().zip(tables) {
         let old = old_services.get(s.name.as_str()).copied();
+        let old_by_identity: HashMap<&str, &LiveBackend> =
+            old.map(|o| o.backends.iter().map(|b| (b.identity.as_str(), b)).collect()).unwrap_or_default();
         let mut backends = Vec::with_capacity(s.backends.len());
         for b in &s.backends {
             let identity = b.identity();
-            let prev = old.and_then(|o| o.backends.iter().find(|x| x.identity == identity));
+            let prev = old_by_identity.get(identity.as_str()).copied();
             let id = match prev {
                 Some(p) => {
                     if p.address != b.address {
