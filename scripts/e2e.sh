@@ -155,9 +155,17 @@ test_reload_under_traffic_moves_only_what_it_must() { # MODE
     local args=(--vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 400)
     probe "$WORK/before" "${args[@]}" || fail "before"
 
-    # Remove b2: flows on b1 and b3 keep their backend, flow by flow.
+    # Remove b2 while 2000 connections are being made: none of b1's or b3's fails or moves;
+    # afterwards, flows on b1 and b3 kept their backend, flow by flow.
+    probe "$WORK/during_removal" "${args[@]}" &
+    local during=$!
+    sleep 0.1
     write_pool "$WORK/pool.yaml" "1 3"
+    wait "$during" || true
     wait_log "web changed (b2 removed" 1
+    "$E2E" compare "$WORK/before" "$WORK/during_removal" --removed b2 --transition >"$WORK/cmp0" \
+        || { cat "$WORK/cmp0" >&2; fail "a flow not on b2 failed or moved while b2 was removed"; }
+    show "$WORK/cmp0"
     probe "$WORK/removed" "${args[@]}" || fail "after removal"
     "$E2E" compare "$WORK/before" "$WORK/removed" --removed b2 >"$WORK/cmp" || { cat "$WORK/cmp" >&2; fail "a flow moved that was not on b2"; }
     show "$WORK/cmp"
