@@ -19,6 +19,7 @@ mod floor {
     include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
 }
 
+/// Port 80: connection tracking on (the default); port 81: the same service with it off.
 const POOL: &str = "services:
   - name: web
     vip: 10.99.0.100
@@ -28,19 +29,29 @@ const POOL: &str = "services:
       - {address: 10.99.0.11, name: b1}
       - {address: 10.99.0.12, name: b2}
       - {address: 10.99.0.13, name: b3, weight: 2}
+  - name: plain
+    vip: 10.99.0.100
+    port: 81
+    hash: flow
+    conntrack: off
+    backends:
+      - {address: 10.99.0.11, name: b1}
+      - {address: 10.99.0.12, name: b2}
+      - {address: 10.99.0.13, name: b3, weight: 2}
 ";
 
-/// Ethernet + IPv4 + TCP SYN from 192.0.2.7:40000 to `dst`:80, with 8 bytes of payload.
-fn frame(dst: [u8; 4]) -> Vec<u8> {
+/// Ethernet + IPv4 + TCP from 192.0.2.7:`sport` to `dst`:`dport` with `flags`, 8 bytes of
+/// payload.
+fn frame(dst: [u8; 4], dport: u16, sport: u16, flags: u8) -> Vec<u8> {
     let mut f = vec![0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x99, 0x08, 0x00];
     let mut ip = vec![0x45, 0, 0, 48, 0, 1, 0x40, 0, 64, 6, 0, 0, 192, 0, 2, 7];
     ip.extend_from_slice(&dst);
     f.extend_from_slice(&ip);
     let mut tcp = vec![0u8; 20];
-    tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
-    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
     tcp[12] = 5 << 4;
-    tcp[13] = 0x02;
+    tcp[13] = flags;
     f.extend_from_slice(&tcp);
     f.extend_from_slice(b"payload!");
     f
@@ -72,38 +83,58 @@ fn main() -> anyhow::Result<()> {
     let mut floor_obj = MaybeUninit::uninit();
     let floor = floor::FloorSkelBuilder::default().open(&mut floor_obj)?.load()?;
 
-    let hit = frame([10, 99, 0, 100]);
-    let miss = frame([10, 99, 0, 101]);
-    let (mut f_ns, mut hit_ns, mut pass_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let vip = [10, 99, 0, 100];
+    // Tracking off; a tracked flow (its SYN went first, so its ACKs hit the entry); an ACK of
+    // a flow never seen (a lookup miss, then the table; no entry is made mid-flow); another
+    // address.
+    let plain = frame(vip, 81, 40000, 0x02);
+    let tracked = frame(vip, 80, 40001, 0x10);
+    dp.test_run(&frame(vip, 80, 40001, 0x02))?;
+    let untracked = frame(vip, 80, 40002, 0x10);
+    let other = frame([10, 99, 0, 101], 80, 40000, 0x02);
+    use types::lb_stat as S;
+    let mut figures: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![
+        ("lb_xdp VIP hit, conntrack off", Vec::new(), Vec::new()),
+        ("lb_xdp VIP hit, conntrack hit", Vec::new(), Vec::new()),
+        ("lb_xdp VIP hit, conntrack miss", Vec::new(), Vec::new()),
+        ("lb_xdp non-VIP (XDP_PASS)", Vec::new(), Vec::new()),
+    ];
+    let mut f_ns = Vec::new();
     for _ in 0..rounds {
-        // Interleaved, so drifts of the machine hit all three alike.
-        let out = floor.progs.floor_xdp.test_run(ProgramInput { data_in: Some(&hit), repeat, ..Default::default() })?;
+        // Interleaved, so drifts of the machine hit all rows alike.
+        let out = floor.progs.floor_xdp.test_run(ProgramInput { data_in: Some(&plain), repeat, ..Default::default() })?;
         anyhow::ensure!(out.return_value == 3, "floor returned {}", out.return_value);
-        f_ns.push(ns(out.duration));
-
-        let before = dp.forwarded()?;
-        let (action, d) = dp.test_run_repeat(&hit, repeat)?;
-        let took = dp.forwarded()? - before;
-        // The program only rewrites MACs, which it never reads back, so every repeat of the
-        // reused buffer must have been a forward.
-        anyhow::ensure!(action == 3 && took == repeat as u64, "VIP hit: {took} of {repeat} runs forwarded");
-        hit_ns.push(ns(d));
-
-        let before = dp.stat(types::lb_stat::LB_STAT_PASSED)?;
-        let (action, d) = dp.test_run_repeat(&miss, repeat)?;
-        let took = dp.stat(types::lb_stat::LB_STAT_PASSED)? - before;
-        anyhow::ensure!(action == 2 && took == repeat as u64, "non-VIP: {took} of {repeat} runs passed");
-        pass_ns.push(ns(d));
+        let f = ns(out.duration);
+        f_ns.push(f);
+        // Each row checks through the counters that every repeat took its path (the kernel
+        // reuses one buffer; the program only rewrites MACs, which it never reads back).
+        let rows: [(&[u8], u32, Option<S>); 4] =
+            [(&plain, 3, None), (&tracked, 3, Some(S::LB_CT_HIT)), (&untracked, 3, Some(S::LB_CT_MISS)), (&other, 2, None)];
+        for (i, (pkt, want, counter)) in rows.into_iter().enumerate() {
+            let (fwd, passed, ct) = (dp.forwarded()?, dp.stat(S::LB_STAT_PASSED)?, counter.map(|c| dp.stat(c)).transpose()?);
+            let (action, d) = dp.test_run_repeat(pkt, repeat)?;
+            let took = if want == 3 { dp.forwarded()? - fwd } else { dp.stat(S::LB_STAT_PASSED)? - passed };
+            anyhow::ensure!(action == want && took == repeat as u64, "{}: {took} of {repeat} runs took the path", figures[i].0);
+            if let (Some(c), Some(before)) = (counter, ct) {
+                let n = dp.stat(c)? - before;
+                anyhow::ensure!(n == repeat as u64, "{}: counter moved {n} for {repeat} runs", figures[i].0);
+            }
+            figures[i].1.push(ns(d));
+            figures[i].2.push(ns(d) / f);
+        }
     }
-    // This machine's speed drifts between rounds; a round's three figures are taken back to
-    // back, so the ratio within a round is steadier than the ratio of medians.
-    let hit_ratio = median(hit_ns.iter().zip(&f_ns).map(|(h, f)| h / f).collect());
-    let pass_ratio = median(pass_ns.iter().zip(&f_ns).map(|(p, f)| p / f).collect());
-    let (f, h, p) = (median(f_ns), median(hit_ns), median(pass_ns));
+    // This machine's speed drifts between rounds; a round's figures are taken back to back, so
+    // the ratio within a round is steadier than the ratio of medians.
+    let f = median(f_ns);
     println!("XDP per-packet cost through BPF_PROG_TEST_RUN ({repeat} repeats x {rounds} rounds; medians)");
     println!("{:<34} {:>8} {:>8}   target", "path", "ns/pkt", "x floor");
     println!("{:<34} {:>8.0} {:>8.2}", "floor (swap MACs, XDP_TX)", f, 1.0);
-    println!("{:<34} {:>8.0} {:>8.2}   <= 2.0", "lb_xdp VIP hit (XDP_TX)", h, hit_ratio);
-    println!("{:<34} {:>8.0} {:>8.2}   <= 1.5", "lb_xdp non-VIP (XDP_PASS)", p, pass_ratio);
+    let base = median(figures[0].1.clone());
+    let targets = ["<= 2.0", "<= conntrack off + 25 ns", "", "<= 1.5"];
+    for ((name, times, ratios), target) in figures.into_iter().zip(targets) {
+        let t = median(times);
+        let extra = if name.contains("conntrack ") && !name.ends_with("off") { format!(" (+{:.0} ns)", t - base) } else { String::new() };
+        println!("{:<34} {:>8.0} {:>8.2}   {target}{extra}", name, t, median(ratios));
+    }
     Ok(())
 }

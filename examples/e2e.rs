@@ -115,6 +115,9 @@ enum Cmd {
         /// Created once every connection is open.
         #[arg(long)]
         ready_file: Option<PathBuf>,
+        /// Connections on this backend may break (it is being removed); they are counted apart.
+        #[arg(long)]
+        allow_broken_on: Option<String>,
     },
     XdpPass {
         iface: String,
@@ -172,8 +175,8 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Compare { before, after, removed, added, transition } => {
             compare(&before, &after, removed.as_deref(), added.as_deref(), transition)
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file } => {
-            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file)
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on } => {
+            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref())
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
@@ -510,7 +513,15 @@ fn compare(before: &Path, after: &Path, removed: Option<&str>, added: Option<&st
     Ok(wrong == 0 && failed == 0)
 }
 
-fn hold(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration, ready: Option<PathBuf>) -> Result<bool> {
+fn hold(
+    vip: IpAddr,
+    port: u16,
+    sources: &[IpAddr],
+    n: usize,
+    seconds: Duration,
+    ready: Option<PathBuf>,
+    allowed: Option<&str>,
+) -> Result<bool> {
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
         let src = sources[i % sources.len()];
@@ -529,27 +540,33 @@ fn hold(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration,
         std::fs::write(p, "ready\n")?;
     }
     let end = Instant::now() + seconds;
-    let mut broken = 0;
+    let (mut broken, mut broken_allowed) = (0, 0);
+    let mut alive = vec![true; conns.len()];
     let mut rounds = 0;
     while Instant::now() < end && broken == 0 {
         rounds += 1;
-        for (src, sport, s, name) in conns.iter_mut() {
+        for (i, (src, sport, s, name)) in conns.iter_mut().enumerate() {
+            if !alive[i] {
+                continue;
+            }
             let r = s.write_all(b"more\n").map_err(anyhow::Error::from).and_then(|_| read_name(s));
-            match r {
-                Ok(got) if got == *name => {}
-                Ok(got) => {
-                    eprintln!("hold: {src}:{sport} now answered by {got}, was {name}");
-                    broken += 1;
-                }
-                Err(e) => {
-                    eprintln!("hold: {src}:{sport} (on {name}) broke: {e}");
-                    broken += 1;
-                }
+            let failure = match r {
+                Ok(got) if got == *name => continue,
+                Ok(got) => format!("now answered by {got}"),
+                Err(e) => format!("broke: {e}"),
+            };
+            alive[i] = false;
+            if Some(name.as_str()) == allowed {
+                broken_allowed += 1;
+            } else {
+                eprintln!("hold: {src}:{sport} (on {name}) {failure}");
+                broken += 1;
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken");
+    let on = allowed.map_or(String::new(), |a| format!(", and {broken_allowed} on {a}, which was removed"));
+    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken{on}");
     Ok(broken == 0)
 }
 

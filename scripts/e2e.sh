@@ -24,7 +24,9 @@ fail() { echo "    FAIL: $*" >&2; exit 1; }
 show() { if [ "$V" = 1 ]; then cat "$1"; fi; }
 
 # The pool the tests serve; backends are named as their servers answer. WEB lists the web
-# service's backends by number (b3 has weight 2).
+# service's backends by number (b3 has weight 2). Its services track no connections: these
+# tests replay the same flows and follow the tables themselves (a connection attempt that
+# failed would otherwise stay tracked to its backend); the conntrack test tracks them.
 write_pool() { # FILE [WEB]
     local web="" i weight
     for i in ${2:-1 2 3}; do
@@ -38,11 +40,13 @@ services:
     vip: 10.99.0.100
     port: 80
     hash: flow
+    conntrack: off
     backends: [$web]
   - name: sticky
     vip: 10.99.0.100
     port: 8080
     hash: client-ip
+    conntrack: off
     backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
   - name: dns
     vip: 10.99.0.100
@@ -50,11 +54,13 @@ services:
     protocol: udp
     algorithm: maglev
     hash: flow
+    conntrack: off
     backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
   - name: web6
     vip: fd99::100
     port: 80
     hash: flow
+    conntrack: off
     backends: [{address: 'fd99::11', name: b1}, {address: 'fd99::12', name: b2}, {address: 'fd99::13', name: b3}]
 EOF
     mv "$1.tmp" "$1"
@@ -248,7 +254,7 @@ test_bad_command_lines_fail_clearly_and_attach_nothing() { # MODE
 
 # A health check on web: WEB_CHECK is its YAML mapping.
 with_check() { # FILE CHECK
-    sed -i "s|    port: 80\n    hash: flow|&|; /name: web$/,/backends:/ s|^    hash: flow$|    hash: flow\n    health_check: $2|" "$1"
+    sed -i "/name: web$/,/backends:/ s|^    hash: flow$|    hash: flow\n    health_check: $2|" "$1"
     grep -q "health_check: $2" "$1" || fail "could not add the health check"
 }
 
@@ -321,6 +327,44 @@ test_health_http_checks_honour_the_status_range() { # MODE
     say "302 outside 200-299: down; 204: up; all down: served as configured (fail open); b1 back: only b1"
 }
 
+# web alone, backends "bN:WEIGHT ...", algorithm ALGORITHM.
+web_pool() { # FILE BACKENDS ALGORITHM
+    local list="" b
+    for b in $2; do
+        list+="${list:+, }{address: 10.99.0.$((10 + ${b%%:*})), name: b${b%%:*}, weight: ${b##*:}}"
+    done
+    printf 'services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    hash: flow\n    algorithm: %s\n    backends: [%s]\n' "$3" "$list" >"$1.tmp"
+    mv "$1.tmp" "$1"
+}
+
+test_conntrack_keeps_established_connections_through_pool_changes() { # MODE
+    setup "$1" 5
+    web_pool "$WORK/pool.yaml" "1:1 2:1 3:2" ring
+    start_lb "$1"
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
+        --connections 300 --seconds 6 --ready-file "$WORK/ready" --allow-broken-on b2 2>"$WORK/hold.log" &
+    local h=$!
+    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
+    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    # Reweight every backend, add two, remove one, switch ring -> maglev: lb diff predicts each
+    # change's moved slots, and the reload writes exactly those.
+    local n=0 step prev="$WORK/pool.yaml.prev"
+    for step in "1:3 2:2 3:1|ring" "1:3 2:2 3:1 4:1 5:1|ring" "1:3 3:1 4:1 5:1|ring" "1:3 3:1 4:1 5:1|maglev"; do
+        cp "$WORK/pool.yaml" "$prev"
+        web_pool "$WORK/pool.yaml" "${step%|*}" "${step#*|}"
+        n=$((n + 1))
+        wait_log "web changed" "$n"
+        local predicted written
+        predicted=$("$LB" diff --json "$prev" "$WORK/pool.yaml" | grep -o '"moved":[0-9]*' | head -1 | cut -d: -f2)
+        written=$(grep "web changed" "$WORK/lb.log" | sed -n "${n}p" | grep -o '[0-9]* slots written' | awk '{print $1}')
+        [ "$predicted" = "$written" ] || fail "step $n: lb diff predicted $predicted moved slots, the reload wrote $written"
+        say "step $n (${step/|/, }): $written slots moved, as lb diff predicted"
+        sleep 0.3
+    done
+    wait "$h" || { cat "$WORK/hold.log" >&2; fail "an established connection on a surviving backend broke"; }
+    say "$(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
+}
+
 # ---- runner ----
 
 TESTS=(
@@ -341,6 +385,8 @@ TESTS=(
     "test_health_a_stopped_backend_leaves_and_comes_back generic"
     "test_health_a_flapping_backend_does_not_churn_the_table native"
     "test_health_http_checks_honour_the_status_range native"
+    "test_conntrack_keeps_established_connections_through_pool_changes native"
+    "test_conntrack_keeps_established_connections_through_pool_changes generic"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

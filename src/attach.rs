@@ -49,6 +49,10 @@ pub struct Plan {
     pub stats_interval: Option<Duration>,
     /// Slots of the data plane's destination-table array.
     pub table_capacity: u32,
+    /// Entries of the connection-tracking flow table.
+    pub conntrack_size: u32,
+    /// Idle timeouts of tracked (TCP, UDP) flows.
+    pub conntrack_timeouts: (Duration, Duration),
     /// How long to wait at start for backends' MACs before attaching anyway.
     pub resolve_timeout: Duration,
     /// Quiet time after the last file event before a reload.
@@ -60,6 +64,9 @@ pub struct Plan {
 /// At most this long after the first event of a burst, a reload happens even if a writer still
 /// has the file open.
 const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// How often the data plane's clock (connection-tracking ages) is advanced.
+const CLOCK_TICK: Duration = Duration::from_millis(250);
 
 /// Health probes running at once, at most.
 const PROBE_WORKERS: usize = 16;
@@ -118,7 +125,8 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         }
     };
 
-    let mut dp = Dataplane::load(plan.table_capacity)?;
+    let mut dp = Dataplane::load_sized(plan.table_capacity, plan.conntrack_size)?;
+    dp.set_conntrack_timeouts(plan.conntrack_timeouts.0, plan.conntrack_timeouts.1)?;
     dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("filling the BPF maps")?;
     let xdp = attach_with_mode(&dp, &ifc, plan.mode)?;
     log(format!(
@@ -550,12 +558,13 @@ impl Server<'_> {
     fn serve(&mut self) -> Result<String> {
         let started = Instant::now();
         let mut next_refresh = started + NEIGHBOUR_REFRESH;
+        let mut next_tick = started + CLOCK_TICK;
         let mut next_recheck = started + self.plan.recheck_interval;
         let mut next_stats = self.plan.stats_interval.map(|i| started + i);
         let mut last_stats: Option<(Instant, stats::Snapshot)> = None;
         loop {
             let now = Instant::now();
-            let mut wake = next_refresh.min(next_recheck);
+            let mut wake = next_refresh.min(next_recheck).min(next_tick);
             if let Some(t) = next_stats {
                 wake = wake.min(t);
             }
@@ -604,6 +613,10 @@ impl Server<'_> {
             }
 
             let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + CLOCK_TICK;
+                self.dp.tick()?;
+            }
             if now >= next_recheck {
                 next_recheck = now + self.plan.recheck_interval;
                 let rearmed = self.watcher.as_mut().is_some_and(|w| w.arm());

@@ -164,10 +164,10 @@ pub fn diff_service(old: &Service, new: &Service) -> ServiceDiff {
 /// The share of traffic that must move: what every backend loses of its ideal share, summed.
 pub fn minimum_movement(old: &Service, new: &Service) -> f64 {
     let ideal = |s: &Service| -> BTreeMap<String, f64> {
-        let total = s.total_weight();
+        let total: u64 = s.backends.iter().map(|b| b.serving_weight() as u64).sum();
         s.backends
             .iter()
-            .map(|b| (b.identity(), if total == 0 { 0.0 } else { b.weight as f64 / total as f64 }))
+            .map(|b| (b.identity(), if total == 0 { 0.0 } else { b.serving_weight() as f64 / total as f64 }))
             .collect()
     };
     let (before, after) = (ideal(old), ideal(new));
@@ -215,6 +215,9 @@ fn notes(old: &Service, new: &Service) -> Vec<String> {
             (Some(a), Some(b)) => {
                 if a.weight != b.weight {
                     notes.push(format!("backend {id} weight {} -> {}", a.weight, b.weight));
+                }
+                if a.state != b.state {
+                    notes.push(format!("backend {id} {} -> {}", a.state.as_str(), b.state.as_str()));
                 }
                 if a.address != b.address {
                     notes.push(format!("backend {id} address {} -> {}: its slots keep their owner but go to the new address", a.address, b.address));

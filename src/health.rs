@@ -88,8 +88,8 @@ impl Health {
 /// Health of every checked backend, keyed by (service name, backend identity).
 pub type HealthMap = HashMap<(String, String), Health>;
 
-/// The pool as served: unhealthy backends of checked services get weight 0, except in a
-/// service where every backend with weight is unhealthy (fail open). Returns the pool and the
+/// The pool as served: unhealthy backends of checked services are `Down` (no slots, and tracked
+/// flows leave them), except in a service where every serving backend is unhealthy (fail open). Returns the pool and the
 /// names of the services that failed open.
 pub fn effective(pool: &Pool, health: &HealthMap) -> (Pool, Vec<String>) {
     let mut out = pool.clone();
@@ -101,14 +101,14 @@ pub fn effective(pool: &Pool, health: &HealthMap) -> (Pool, Vec<String>) {
         let down = |s: &Service, i: usize| {
             health.get(&(s.name.clone(), s.backends[i].identity())).is_some_and(|h| !h.healthy)
         };
-        let live: Vec<usize> = (0..s.backends.len()).filter(|&i| s.backends[i].weight > 0).collect();
+        let live: Vec<usize> = (0..s.backends.len()).filter(|&i| s.backends[i].serving_weight() > 0).collect();
         if !live.is_empty() && live.iter().all(|&i| down(s, i)) {
             open.push(s.name.clone());
             continue;
         }
         let gone: Vec<usize> = live.into_iter().filter(|&i| down(s, i)).collect();
         for i in gone {
-            s.backends[i].weight = 0;
+            s.backends[i].state = crate::config::BackendState::Down;
         }
     }
     (out, open)
@@ -193,14 +193,15 @@ mod tests {
 
         down(&mut map, "web", "b2");
         let (p, open) = effective(&pool, &map);
-        assert_eq!(p.services[0].backends.iter().map(|b| b.weight).collect::<Vec<_>>(), vec![1, 0, 0]);
+        assert_eq!(p.services[0].backends.iter().map(|b| b.serving_weight()).collect::<Vec<_>>(), vec![1, 0, 0]);
+        assert_eq!(p.services[0].backends[1].state, crate::config::BackendState::Down);
         assert!(open.is_empty());
 
         // b3 has weight 0 anyway: with b1 and b2 down, every backend that has weight is down.
         down(&mut map, "web", "b1");
         let (p, open) = effective(&pool, &map);
         assert_eq!(open, vec!["web".to_string()]);
-        assert_eq!(p.services[0].backends.iter().map(|b| b.weight).collect::<Vec<_>>(), vec![1, 1, 0], "fail open");
+        assert_eq!(p.services[0].backends.iter().map(|b| b.serving_weight()).collect::<Vec<_>>(), vec![1, 1, 0], "fail open");
 
         // A service without checks is never touched, even with an entry in the map.
         down(&mut map, "raw", "b1");

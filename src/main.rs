@@ -60,6 +60,17 @@ enum Command {
         #[arg(long, value_name = "SLOTS", default_value_t = lb::dataplane::DEFAULT_TABLE_CAPACITY,
               value_parser = clap::value_parser!(u32).range(1..=1 << 28))]
         table_capacity: u32,
+        /// Entries of the connection-tracking flow table (an LRU: the least recently used flow
+        /// is forgotten when it is full).
+        #[arg(long, value_name = "FLOWS", default_value_t = lb::dataplane::DEFAULT_CONNTRACK_SIZE,
+              value_parser = clap::value_parser!(u32).range(1..=1 << 26))]
+        conntrack_size: u32,
+        /// A tracked TCP flow idle this long is forgotten.
+        #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "3600")]
+        conntrack_tcp_timeout: std::time::Duration,
+        /// A tracked UDP flow idle this long is forgotten.
+        #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "30")]
+        conntrack_udp_timeout: std::time::Duration,
         /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
         resolve_timeout: std::time::Duration,
@@ -125,6 +136,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             xdp_mode,
             stats_interval,
             table_capacity,
+            conntrack_size,
+            conntrack_tcp_timeout,
+            conntrack_udp_timeout,
             resolve_timeout,
             reload_delay,
             recheck_interval,
@@ -145,6 +159,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 mode: xdp_mode,
                 stats_interval,
                 table_capacity,
+                conntrack_size,
+                conntrack_timeouts: (conntrack_tcp_timeout, conntrack_udp_timeout),
                 resolve_timeout,
                 reload_delay,
                 recheck_interval,

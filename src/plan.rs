@@ -44,6 +44,8 @@ pub struct Route {
     /// Table size; 0 when the service has no backend with weight (its packets are dropped).
     pub slots: u32,
     pub hash: HashMode,
+    /// Connection tracking on.
+    pub conntrack: bool,
 }
 
 /// What a vip_index entry holds.
@@ -58,9 +60,11 @@ pub enum IndexEntry {
 /// One map write.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    /// Write backend `id`'s record for `address` (its MAC as currently known).
-    Backend { id: u32, address: IpAddr },
-    /// Zero backend `id`'s traffic counters: a reused id starts from nothing.
+    /// Write backend `id`'s record for `address` (its MAC as currently known). `alive`: tracked
+    /// flows may still use it (false once it is removed or down).
+    Backend { id: u32, address: IpAddr, alive: bool },
+    /// Backend `id` is given to a new backend: zero its traffic counters and bump its generation,
+    /// so that flows tracked to the id's previous owner no longer count.
     ResetCounters { id: u32 },
     /// Write table-array entries (index, backend id), in one batch.
     Slots(Vec<(u32, u32)>),
@@ -91,6 +95,7 @@ pub struct LiveBackend {
     pub identity: String,
     pub address: IpAddr,
     pub weight: u32,
+    pub state: crate::config::BackendState,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +112,7 @@ pub struct LiveService {
     pub backends: Vec<LiveBackend>,
     /// True when no backend has weight: the route says 0 slots.
     pub empty: bool,
+    pub conntrack: bool,
 }
 
 /// What is installed: a mirror of the maps' contents, plus the allocators.
@@ -145,6 +151,14 @@ pub struct Touched {
     pub slots_written: u64,
 }
 
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
 /// What differs between two versions of a service, in words.
 fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     let mut out = Vec::new();
@@ -158,12 +172,16 @@ fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if old.slots != new.slots {
         out.push(format!("slots {} -> {}", old.slots, new.slots));
     }
+    if old.conntrack != new.conntrack {
+        out.push(format!("conntrack {} -> {}", on_off(old.conntrack), on_off(new.conntrack)));
+    }
     let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
     let after: HashSet<&str> = new.backends.iter().map(|b| b.identity.as_str()).collect();
     for b in &new.backends {
         match before.get(b.identity.as_str()) {
             None => out.push(format!("{} added", b.identity)),
             Some(o) if o.weight != b.weight => out.push(format!("{} weight {} -> {}", b.identity, o.weight, b.weight)),
+            Some(o) if o.state != b.state => out.push(format!("{} {} -> {}", b.identity, o.state.as_str(), b.state.as_str())),
             Some(o) if o.address != b.address => out.push(format!("{} address {} -> {}", b.identity, o.address, b.address)),
             Some(_) => {}
         }
@@ -363,22 +381,25 @@ pub fn plan(
         for b in &s.backends {
             let identity = b.identity();
             let prev = old_by_identity.get(identity.as_str()).copied();
+            let alive = b.state != crate::config::BackendState::Down;
             let id = match prev {
                 Some(p) => {
-                    if p.address != b.address {
-                        ops.push(Op::Backend { id: p.id, address: b.address });
+                    if p.address != b.address || (p.state != crate::config::BackendState::Down) != alive {
+                        ops.push(Op::Backend { id: p.id, address: b.address, alive });
                     }
                     p.id
                 }
                 None => {
                     let id = st.alloc_backend(limits)?;
-                    ops.push(Op::Backend { id, address: b.address });
+                    // The generation first: flows tracked to the id's previous owner must not
+                    // count once the record says alive.
                     ops.push(Op::ResetCounters { id });
+                    ops.push(Op::Backend { id, address: b.address, alive });
                     id
                 }
             };
             kept_ids.insert(id);
-            backends.push(LiveBackend { id, identity, address: b.address, weight: b.weight });
+            backends.push(LiveBackend { id, identity, address: b.address, weight: b.weight, state: b.state });
         }
         let owners: Vec<u32> =
             table.owners().iter().map(|&o| if o == EMPTY { 0 } else { backends[o as usize].id }).collect();
@@ -416,11 +437,19 @@ pub fn plan(
             base,
             owners,
             backends,
-            empty: !s.backends.iter().any(|b| b.weight > 0),
+            conntrack: s.conntrack,
+            empty: !s.backends.iter().any(|b| b.serving_weight() > 0),
         };
         let change = match old {
             None => Some("added"),
-            Some(o) if o.key != live.key || o.hash != live.hash || o.slots != live.slots || written > 0 || o.backends != live.backends => {
+            Some(o)
+                if o.key != live.key
+                    || o.hash != live.hash
+                    || o.slots != live.slots
+                    || o.conntrack != live.conntrack
+                    || written > 0
+                    || o.backends != live.backends =>
+            {
                 Some("changed")
             }
             Some(_) => None,
@@ -437,9 +466,11 @@ pub fn plan(
             st.retired_ranges.push((now, o.base, o.slots));
         }
     }
-    for id in state.services.iter().flat_map(|s| s.backends.iter().map(|b| b.id)) {
-        if !kept_ids.contains(&id) {
-            st.retired_backends.push((now, id));
+    for b in state.services.iter().flat_map(|s| &s.backends) {
+        if !kept_ids.contains(&b.id) {
+            // Flows tracked to a removed backend re-hash from now on.
+            ops.push(Op::Backend { id: b.id, address: b.address, alive: false });
+            st.retired_backends.push((now, b.id));
         }
     }
     if !slot_ops.is_empty() {
@@ -451,7 +482,7 @@ pub fn plan(
     let mut per_vip: BTreeMap<(IpAddr, Protocol), Vec<&LiveService>> = BTreeMap::new();
     for s in &new_services {
         let slots = if s.empty { 0 } else { s.slots };
-        wanted.insert(s.key, Route { key: s.key, base: s.base, slots, hash: s.hash });
+        wanted.insert(s.key, Route { key: s.key, base: s.base, slots, hash: s.hash, conntrack: s.conntrack });
         per_vip.entry((s.key.addr, s.key.proto)).or_default().push(s);
     }
     // Non-first IPv4 fragments carry no ports: they can follow their client's address when
@@ -462,7 +493,10 @@ pub fn plan(
         let routable = services.len() == 1 && s.hash == HashMode::ClientIp;
         let key = RouteKey { addr, port: 0, proto };
         let slots = if s.empty { 0 } else { s.slots };
-        wanted.insert(key, Route { key, base: s.base, slots, hash: if routable { HashMode::ClientIp } else { HashMode::Flow } });
+        wanted.insert(
+            key,
+            Route { key, base: s.base, slots, hash: if routable { HashMode::ClientIp } else { HashMode::Flow }, conntrack: false },
+        );
     }
     let mut keys: BTreeMap<RouteKey, u32> = BTreeMap::new();
     let mut routes: BTreeMap<u32, Route> = BTreeMap::new();
@@ -572,7 +606,7 @@ mod tests {
         fn apply(&mut self, ops: &[Op]) {
             for op in ops {
                 match op {
-                    Op::Backend { id, address } => {
+                    Op::Backend { id, address, .. } => {
                         self.backends.insert(*id, *address);
                     }
                     Op::ResetCounters { .. } => {}
@@ -679,8 +713,14 @@ mod tests {
                 slots_written: web_slots_of_b2 as u64
             }]
         );
-        // No route, index or hash op: the table changed in place under the same route.
-        assert!(second.ops.iter().all(|op| matches!(op, Op::Slots(_))), "{:?}", second.ops.iter().take(3).collect::<Vec<_>>());
+        // No route, index or hash op: the table changed in place under the same route; and the
+        // removed backend's record says it is gone, so flows tracked to it re-hash.
+        assert!(
+            second.ops.iter().all(|op| matches!(op, Op::Slots(_) | Op::Backend { alive: false, .. })),
+            "{:?}",
+            second.ops.iter().take(3).collect::<Vec<_>>()
+        );
+        assert!(second.ops.contains(&Op::Backend { id: 2, address: "10.0.0.2".parse().unwrap(), alive: false }), "{:?}", second.ops.iter().take(3).collect::<Vec<_>>());
         maps.apply(&second.ops);
         assert_eq!(maps.table(&service_key(&p2.services[0])), expected(&p2, "web"));
         // The same pool again: nothing to do.

@@ -10,7 +10,7 @@ use crate::table::{shares, Table};
 
 /// One line describing a validated service.
 pub fn service_summary(s: &Service) -> String {
-    let live = s.backends.iter().filter(|b| b.weight > 0).count();
+    let live = s.backends.iter().filter(|b| b.serving_weight() > 0).count();
     let mut line = format!(
         "{}: {} {} slots={} hash={} backends={} (with weight: {}, total weight {})",
         s.name,

@@ -41,6 +41,8 @@ pub struct Snapshot {
     pub passed: u64,
     /// Dropped packets by reason, in the data plane's order.
     pub drops: Vec<(&'static str, u64)>,
+    /// Connection tracking: hit, miss, new, stale.
+    pub conntrack: Vec<(&'static str, u64)>,
     pub services: Vec<ServiceCounters>,
 }
 
@@ -84,6 +86,10 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
     );
     let drops: Vec<String> = now.drops.iter().map(|(name, n)| format!("{name}={n}")).collect();
     let _ = writeln!(out, "  drops: {}", drops.join(" "));
+    if !now.conntrack.is_empty() {
+        let ct: Vec<String> = now.conntrack.iter().map(|(name, n)| format!("{name}={n}")).collect();
+        let _ = writeln!(out, "  conntrack: {}", ct.join(" "));
+    }
     for s in &now.services {
         let ps = prev.services.iter().find(|p| p.name == s.name);
         let before = ps.map_or(0, |p| p.traffic.packets);
@@ -135,6 +141,7 @@ mod tests {
             forwarded: fwd,
             passed: 7,
             drops: vec![("malformed", 2), ("no_mac", 3)],
+            conntrack: vec![("hit", 9), ("miss", 1)],
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),
@@ -158,7 +165,7 @@ mod tests {
         let now = snap(1100, 560, 540);
         let t = text(&now, Some(&before), 2.0, 12.0);
         assert!(t.starts_with("stats at 12.0s: forwarded 1100 (500/s), passed 7 (0/s), dropped 5 (0/s)\n"), "{t}");
-        assert!(t.contains("  drops: malformed=2 no_mac=3\n"), "{t}");
+        assert!(t.contains("  drops: malformed=2 no_mac=3\n  conntrack: hit=9 miss=1\n"), "{t}");
         assert!(t.contains("  service web 10.0.0.100:80/tcp: packets 1100 (500/s), bytes 110000\n"), "{t}");
         assert!(t.contains("    backend b1 10.0.0.1 weight 1: packets 560 (250/s, 50.9%), bytes 56000\n"), "{t}");
         assert!(t.contains("    backend b2 10.0.0.2 weight 1: packets 540 (250/s, 49.1%), bytes 54000 [down (timeout)] [MAC unresolved]\n"), "{t}");

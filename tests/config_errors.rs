@@ -32,7 +32,7 @@ const CASES: &[(&str, &str)] = &[
     ("ring-too-large.yaml", ":8:7: services[0].backends: the ring would have 10010000 tokens (total weight 1001 x vnodes_per_weight 10000); the limit is 4194304: lower the weights or vnodes_per_weight"),
     ("services-not-a-list.yaml", ":2:3: services: expected a list of services, found a mapping"),
     ("slots-zero.yaml", ":6:12: services[0].slots: expected an integer 1..=1048576, found 0"),
-    ("unknown-key.yaml", ":5:5: services[0].protocl: unknown key `protocl`; expected one of: name, vip, port, protocol, algorithm, slots, vnodes_per_weight, hash, backends, health_check"),
+    ("unknown-key.yaml", ":5:5: services[0].protocl: unknown key `protocl`; expected one of: name, vip, port, protocol, algorithm, slots, vnodes_per_weight, hash, backends, health_check, conntrack"),
     ("unknown-top-level-key.yaml", ":1:1: service: unknown key `service`; expected one of: services"),
     ("unspecified-backend.yaml", ":8:18: services[0].backends[1].address: 0.0.0.0 is the unspecified address; expected a unicast address"),
     ("vnodes-on-maglev.yaml", ":7:24: services[0].vnodes_per_weight: applies to `algorithm: ring` only"),

@@ -463,16 +463,19 @@ fn macs_of(dp: &Dataplane, vip: Ipv4Addr, port: u16, flows: &[(Ipv4Addr, u16)]) 
 #[test]
 fn root_apply_switches_live_tables_to_each_new_pool() {
     common::require_root();
+    // Connection tracking off: this test follows the tables themselves.
     let base = "services:
   - name: web
     vip: 10.99.0.100
     port: 80
     hash: flow
+    conntrack: off
     backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]
   - name: alt
     vip: 10.99.0.100
     port: 8080
     hash: flow
+    conntrack: off
     backends: [10.99.0.21]
 ";
     let pools = [
@@ -480,7 +483,7 @@ fn root_apply_switches_live_tables_to_each_new_pool() {
         base.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.13]"),
         base.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]"),
         base.replace("    port: 80\n    hash: flow\n", "    port: 80\n    hash: flow\n    slots: 4099\n    algorithm: maglev\n"),
-        base.replace("  - name: alt\n    vip: 10.99.0.100\n    port: 8080\n    hash: flow\n    backends: [10.99.0.21]\n", ""),
+        base.replace("  - name: alt\n    vip: 10.99.0.100\n    port: 8080\n    hash: flow\n    conntrack: off\n    backends: [10.99.0.21]\n", ""),
         base.replace("port: 8080", "port: 9090"),
         base.to_string(),
     ];

@@ -2,7 +2,8 @@
 //! replacing the file, refusals that change nothing, bursts, SIGHUP. After each change the live
 //! program is checked from outside: its maps (the table it uses for each service equals what
 //! `lb table` builds for the new file) and BPF_PROG_TEST_RUN with many flows.
-//! Needs root: run with `cargo test --test root_reload`.
+//! Needs root: run with `cargo test --test root_reload`. The pools turn connection tracking off:
+//! these tests follow the tables themselves (root_conntrack tests tracking).
 
 mod common;
 
@@ -125,6 +126,7 @@ const V0: &str = "services:
   - name: web
     vip: 10.77.0.100
     port: 80
+    conntrack: off
     backends: [10.77.0.21, 10.77.0.22, 10.77.0.23]
   - name: dns
     vip: 10.77.0.100
@@ -133,6 +135,7 @@ const V0: &str = "services:
     algorithm: maglev
     hash: flow
     slots: 4099
+    conntrack: off
     backends: [10.77.0.24, 10.77.0.25]
 ";
 
@@ -140,18 +143,23 @@ fn pool_v1() -> String {
     V0.replace("[10.77.0.21, 10.77.0.22, 10.77.0.23]", "[10.77.0.21, 10.77.0.23]")
 }
 fn pool_v2() -> String {
-    V0.replace("    port: 80\n    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23]", "    port: 80\n    slots: 4099\n    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23, 10.77.0.26]")
+    V0.replace(
+        "    port: 80\n    conntrack: off\n    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23]",
+        "    port: 80\n    conntrack: off\n    slots: 4099\n    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23, 10.77.0.26]",
+    )
 }
 const V3: &str = "services:
   - name: web
     vip: 10.77.0.100
     port: 80
     algorithm: maglev
+    conntrack: off
     backends: [10.77.0.21, 10.77.0.22, 10.77.0.23]
   - name: api
     vip: 10.77.0.100
     port: 443
     hash: flow
+    conntrack: off
     backends: [{address: 10.77.0.27, weight: 3}, 10.77.0.28]
 ";
 fn pool_v4() -> String {
@@ -232,10 +240,10 @@ fn root_reload_refuses_bad_files_and_keeps_serving_byte_for_byte() {
 
     let bad = [
         ("services:\n  - name: web\n    vip: [\n", "pool.yaml:4:1: invalid YAML"),
-        (&*V0.replace("port: 53", "port: 80").replace("    protocol: udp\n", ""), "pool.yaml:7:10: services[1].vip: 10.77.0.100:80/tcp is already served by services[0]"),
+        (&*V0.replace("port: 53", "port: 80").replace("    protocol: udp\n", ""), "pool.yaml:8:10: services[1].vip: 10.77.0.100:80/tcp is already served by services[0]"),
         ("", "pool.yaml: the file is empty"),
-        (&*V0.replace("10.77.0.23]", "10.77.0.23, 10.55.0.1]"), "pool.yaml:5:52: services[0].backends[3].address: 10.55.0.1 has no route from this host"),
-        (&*V0.replace("slots: 4099", "slots: 4100"), "pool.yaml:12:12: services[1].slots: maglev needs a prime table size, and 4100 is not prime"),
+        (&*V0.replace("10.77.0.23]", "10.77.0.23, 10.55.0.1]"), "pool.yaml:6:52: services[0].backends[3].address: 10.55.0.1 has no route from this host"),
+        (&*V0.replace("slots: 4099", "slots: 4100"), "pool.yaml:13:12: services[1].slots: maglev needs a prime table size, and 4100 is not prime"),
     ];
     for (text, needle) in bad {
         rename_over(&path, text);

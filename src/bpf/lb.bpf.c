@@ -62,6 +62,37 @@ struct {
 	__type(value, struct lb_slot_pair);
 } table_slots SEC(".maps");
 
+/* Tracked flows -> the backend each started on. One LRU hash shared by all CPUs, not per-CPU:
+ * the packets of one flow can arrive on different CPUs (RSS re-steering, a different receive
+ * queue after a link change), and a per-CPU entry would be missed there and re-hashed. Several
+ * load balancers behind ECMP do not share it at all; there the table, which they all compute
+ * alike, keeps new flows consistent. User space sizes it (--conntrack-size). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct lb_flow_key);
+	__type(value, struct lb_flow);
+} flows SEC(".maps");
+
+/* Advanced by every change to the flows map; see struct lb_flow_cached. */
+__u64 lb_ct_epoch = 0;
+
+/* Each CPU's direct-mapped cache of the flows map (see lb.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_FLOW_CACHE_SIZE);
+	__type(key, __u32);
+	__type(value, struct lb_flow_cached);
+} flow_cache SEC(".maps");
+
+/* Backend id -> its generation, bumped each time the id is given to a backend. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} backend_gen SEC(".maps");
+
 /* Backend id -> where to send its frames. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -99,6 +130,8 @@ const volatile enum lb_hash_mode lb_hash_mode_btf = LB_HASH_CLIENT_IP;
 const volatile enum lb_family lb_family_btf = LB_FAMILY_V4;
 const volatile enum lb_backend_flags lb_backend_flags_btf = LB_BACKEND_MAC_KNOWN;
 const volatile enum lb_vip_index_layout lb_vip_index_layout_btf = LB_VIP_INDEX_BITS;
+const volatile enum lb_service_flags lb_service_flags_btf = LB_SVC_CONNTRACK;
+const volatile enum lb_flow_cache_layout lb_flow_cache_layout_btf = LB_FLOW_CACHE_SIZE;
 
 static __always_inline int count(__u32 stat, int action)
 {
@@ -250,7 +283,7 @@ enum l4 {
 
 /* The ports of a TCP or UDP header, as the packet's bytes (network order), in one word:
  * source port in the low half, destination port in the high half (memory order). */
-static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports)
+static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags)
 {
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = take(c, sizeof(*th));
@@ -258,6 +291,7 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 		if (!th || th->doff < 5)
 			return L4_MALFORMED;
 		*ports = *(__u32 *)th;
+		*tcp_flags = ((__u8 *)th)[13];
 		return L4_PORTS;
 	}
 	if (proto == IPPROTO_UDP) {
@@ -273,33 +307,158 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 
 /* ---- forwarding ---- */
 
-/* The route of a packet has been found and hashed: pick the slot, the backend, and send the
- * frame to it. */
-static __always_inline int forward(struct ethhdr *eth, const struct lb_service *svc, __u32 hash, __u64 bytes)
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
+/* A tracked flow's `seen` is refreshed at most this often (ms): one write per second. */
+#define LB_CT_REFRESH_MS 1000
+
+/* The backend id the route's table gives `hash`, or 0 with the drop already counted. */
+static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
 {
 	struct lb_slot_pair *pair;
-	struct lb_backend *be;
-	__u32 slot, half, *id;
+	__u32 slot, half, id;
 
-	if (svc->slots == 0)
-		return count(LB_DROP_NO_BACKEND, XDP_DROP);
+	if (svc->slots == 0) {
+		count(LB_DROP_NO_BACKEND, XDP_DROP);
+		return 0;
+	}
 	slot = svc->base + hash % svc->slots;
 	half = slot >> 1;
 	pair = bpf_map_lookup_elem(&table_slots, &half);
-	if (!pair)
-		return count(LB_DROP_NO_TABLE, XDP_DROP);
-	id = &pair->id[slot & 1];
-	if (*id == 0)
-		return count(LB_DROP_NO_BACKEND, XDP_DROP);
-	be = bpf_map_lookup_elem(&backends, id);
+	if (!pair) {
+		count(LB_DROP_NO_TABLE, XDP_DROP);
+		return 0;
+	}
+	id = pair->id[slot & 1];
+	if (id == 0)
+		count(LB_DROP_NO_BACKEND, XDP_DROP);
+	return id;
+}
+
+/* Sends the frame to backend `id`. */
+static __always_inline int send(struct ethhdr *eth, __u32 id, __u64 bytes)
+{
+	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
+
 	if (!be || !(be->flags & LB_BACKEND_MAC_KNOWN))
 		return count(LB_DROP_NO_MAC, XDP_DROP);
-
 	__builtin_memcpy(eth->h_dest, be->mac, 6);
 	__builtin_memcpy(eth->h_source, lb_settings.ifmac, 6);
 	/* Forwarded packets are counted per backend only; their total is the sum. */
-	add_traffic(*id, bytes);
+	add_traffic(id, bytes);
 	return XDP_TX;
+}
+
+/* The route of a packet has been found and hashed: pick the slot, the backend, and send. */
+static __always_inline int forward(struct ethhdr *eth, const struct lb_service *svc, __u32 hash, __u64 bytes)
+{
+	__u32 id = pick(svc, hash);
+
+	if (id == 0)
+		return XDP_DROP;
+	return send(eth, id, bytes);
+}
+
+static __always_inline int flow_key_equal(const struct lb_flow_key *a, const struct lb_flow_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
+ * another backend since, and the flow not idle past its protocol's timeout. */
+static __always_inline int usable(const struct lb_flow *e, __u8 proto, __u64 now)
+{
+	__u32 id = e->backend;
+	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
+	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
+	__u64 timeout = proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms;
+
+	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || *gen != e->gen)
+		return 0;
+	return timeout == 0 || now - e->seen < timeout;
+}
+
+/* Connection tracking: a flow with a usable entry goes to its backend whatever the table says
+ * now; otherwise the table decides, and the entry is made by the packet that starts a flow (a
+ * TCP SYN without ACK, any UDP packet) or remade when the old one was stale. */
+static __always_inline int tracked(struct ethhdr *eth, const struct lb_service *svc, const struct lb_flow_key *fk,
+				   __u32 hash, __u8 tcp_flags, __u64 bytes)
+{
+	__u64 now = lb_settings.clock_ms;
+	__u32 ci = (hash ^ ((__u32)fk->sport * 0x9e3779b1u) ^ fk->dport) & (LB_FLOW_CACHE_SIZE - 1);
+	struct lb_flow_cached *c = bpf_map_lookup_elem(&flow_cache, &ci);
+	struct lb_flow fresh = {};
+	struct lb_flow *e;
+	__u32 id, *gen;
+
+	int syn = fk->proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+
+	/* This CPU's cache first, for everything but a connection's first packet: a SYN asks the
+	 * flows map itself, so an entry ended on another CPU (a reset) is never revived by a stale
+	 * copy in this CPU's cache. */
+	__u64 epoch = lb_ct_epoch;
+
+	if (!syn && c && c->epoch == epoch && flow_key_equal(&c->key, fk) && usable(&c->flow, fk->proto, now)) {
+		id = c->flow.backend;
+		if (now - c->flow.seen > LB_CT_REFRESH_MS) {
+			/* Keep the authoritative entry from ageing out while the cache serves it. */
+			c->flow.seen = now;
+			e = bpf_map_lookup_elem(&flows, fk);
+			if (e)
+				e->seen = now;
+		}
+		if (tcp_flags & TCP_FLAG_RST) {
+			bpf_map_delete_elem(&flows, fk);
+			__sync_fetch_and_add(&lb_ct_epoch, 1);
+		}
+		count(LB_CT_HIT, 0);
+		return send(eth, id, bytes);
+	}
+
+	e = bpf_map_lookup_elem(&flows, fk);
+	if (e) {
+		if (usable(e, fk->proto, now)) {
+			id = e->backend;
+			if (now - e->seen > LB_CT_REFRESH_MS)
+				e->seen = now;
+			/* The client reset the connection: it is over, and the next one with these
+			 * ports is a new flow. (Only the client's direction passes here.) */
+			if (tcp_flags & TCP_FLAG_RST) {
+				bpf_map_delete_elem(&flows, fk);
+				__sync_fetch_and_add(&lb_ct_epoch, 1);
+			} else if (c) {
+				c->key = *fk;
+				c->flow = *e;
+				c->epoch = epoch;
+			}
+			count(LB_CT_HIT, 0);
+			return send(eth, id, bytes);
+		}
+		count(LB_CT_STALE, 0);
+	} else {
+		count(LB_CT_MISS, 0);
+	}
+	id = pick(svc, hash);
+	if (id == 0)
+		return XDP_DROP;
+	if (e || fk->proto == IPPROTO_UDP || syn) {
+		gen = bpf_map_lookup_elem(&backend_gen, &id);
+		fresh.backend = id;
+		fresh.gen = gen ? *gen : 0;
+		fresh.seen = now;
+		bpf_map_update_elem(&flows, fk, &fresh, BPF_ANY);
+		epoch = __sync_add_and_fetch(&lb_ct_epoch, 1);
+		if (c) {
+			c->key = *fk;
+			c->flow = fresh;
+			c->epoch = epoch;
+		}
+		count(LB_CT_NEW, 0);
+	}
+	return send(eth, id, bytes);
 }
 
 /* IPv4: any header length (options skipped), the whole datagram present, TCP or UDP.
@@ -309,6 +468,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct ethhdr *eth, __u
 	struct iphdr *iph = take(c, sizeof(*iph));
 	const struct lb_service *svc;
 	__u32 hlen, ports = 0, hash, dst[4] = {};
+	__u8 tcp_flags = 0;
 	int fragment;
 
 	if (!iph)
@@ -326,7 +486,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct ethhdr *eth, __u
 		return count(LB_STAT_PASSED, XDP_PASS);
 	/* A non-first fragment carries no ports: it is looked up as port 0, its fragment route. */
 	fragment = (iph->frag_off & bpf_htons(IP_OFFSET)) != 0;
-	if (!fragment && parse_ports(c, iph->protocol, &ports) == L4_MALFORMED)
+	if (!fragment && parse_ports(c, iph->protocol, &ports, &tcp_flags) == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 
 	dst[0] = iph->daddr;
@@ -341,6 +501,18 @@ static __always_inline int handle_ipv4(struct cursor *c, struct ethhdr *eth, __u
 			return count(LB_DROP_FRAGMENT, XDP_DROP);
 		hash = hash16((__u64)iph->saddr | (__u64)iph->daddr << 32, (__u64)ports | (__u64)iph->protocol << 32);
 	}
+	/* A fragment without ports cannot be told apart from its flow's others: the table. */
+	if ((svc->flags & LB_SVC_CONNTRACK) && !fragment) {
+		struct lb_flow_key fk = {};
+
+		fk.src[0] = iph->saddr;
+		fk.dst[0] = iph->daddr;
+		fk.sport = ports;
+		fk.dport = ports >> 16;
+		fk.proto = iph->protocol;
+		fk.family = LB_FAMILY_V4;
+		return tracked(eth, svc, &fk, hash, tcp_flags, bytes);
+	}
 	return forward(eth, svc, hash, bytes);
 }
 
@@ -351,6 +523,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct ethhdr *eth, __u
 	struct ipv6hdr *ip6 = take(c, sizeof(*ip6));
 	const struct lb_service *svc;
 	__u32 ports = 0, hash, dst[4];
+	__u8 tcp_flags = 0;
 	__u64 l[5];
 	enum l4 l4;
 
@@ -358,7 +531,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct ethhdr *eth, __u
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	if (ip6->version != 6 || bpf_ntohs(ip6->payload_len) > (__u32)(c->end - c->pos))
 		return count(LB_DROP_MALFORMED, XDP_DROP);
-	l4 = parse_ports(c, ip6->nexthdr, &ports);
+	l4 = parse_ports(c, ip6->nexthdr, &ports, &tcp_flags);
 	if (l4 == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	if (l4 == L4_OTHER)
@@ -374,6 +547,17 @@ static __always_inline int handle_ipv6(struct cursor *c, struct ethhdr *eth, __u
 	} else {
 		l[4] = (__u64)ports | (__u64)ip6->nexthdr << 32;
 		hash = hash40(l);
+	}
+	if (svc->flags & LB_SVC_CONNTRACK) {
+		struct lb_flow_key fk = {};
+
+		__builtin_memcpy(fk.src, &ip6->saddr, 16);
+		__builtin_memcpy(fk.dst, dst, 16);
+		fk.sport = ports;
+		fk.dport = ports >> 16;
+		fk.proto = ip6->nexthdr;
+		fk.family = LB_FAMILY_V6;
+		return tracked(eth, svc, &fk, hash, tcp_flags, bytes);
 	}
 	return forward(eth, svc, hash, bytes);
 }

@@ -60,6 +60,46 @@ struct lb_service {
 	__u32 base;      /* where this service's destination table starts in table_slots */
 	__u32 slots;     /* size of that table; 0: no backend, drop */
 	__u32 hash_mode; /* enum lb_hash_mode */
+	__u32 flags;     /* enum lb_service_flags */
+};
+
+enum lb_service_flags {
+	LB_SVC_CONNTRACK = 1, /* established flows keep their backend through the flows map */
+};
+
+/* Key of the flows map: a flow's 5-tuple as in the packet (IPv4 uses src[0] and dst[0]). */
+struct lb_flow_key {
+	__be32 src[4];
+	__be32 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+/* Each CPU's cache in front of the flows map: a direct-mapped array indexed by the flow's hash.
+ * A hit costs an inlined array read and a key compare instead of a hash-map lookup; a miss
+ * falls through to the flows map, which stays the authority. Per CPU, so an entry is never
+ * written by two CPUs at once. Every change to the flows map (an entry made, remade or ended)
+ * advances a global epoch, and a cached copy counts only in the epoch it was made: no CPU ever
+ * serves a flow from a copy older than the map. */
+enum lb_flow_cache_layout {
+	LB_FLOW_CACHE_SIZE = 1 << 16,
+};
+
+/* Value of the flows map: the backend a flow started on. The entry counts only while that
+ * backend id is alive and still has generation `gen` (ids are reused for other backends). */
+struct lb_flow {
+	__u32 backend;
+	__u32 gen;
+	__u64 seen; /* lb_config.clock_ms when last refreshed */
+};
+
+struct lb_flow_cached {
+	struct lb_flow_key key;
+	struct lb_flow flow;
+	__u64 epoch; /* lb_ct_epoch when copied from the flows map; stale once it moves */
 };
 
 /* Value of the table_slots array: the backend ids of two consecutive slots (0 = empty). */
@@ -77,12 +117,17 @@ struct lb_backend {
 
 enum lb_backend_flags {
 	LB_BACKEND_MAC_KNOWN = 1, /* mac holds the backend's resolved address */
+	LB_BACKEND_ALIVE = 2,     /* in the pool and healthy (draining included): tracked flows may use it */
 };
 
 /* The program's settings (a global in .bss). */
 struct lb_config {
 	__u8 ifmac[6]; /* source MAC of forwarded frames: the attached interface's */
 	__u8 pad[2];
+	__u64 ct_tcp_timeout_ms; /* a tracked TCP flow idle this long is forgotten (0: never) */
+	__u64 ct_udp_timeout_ms; /* the same for UDP */
+	__u64 clock_ms;          /* a monotonic clock user space advances several times a second:
+				  * reading it costs a load, not a helper call */
 };
 
 /* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason.
@@ -95,6 +140,10 @@ enum lb_stat {
 	LB_DROP_NO_MAC,        /* the backend's MAC is not resolved yet */
 	LB_DROP_FRAGMENT,      /* a non-first fragment that cannot be routed (flow hash, or no route) */
 	LB_DROP_NO_TABLE,      /* a route whose table lies outside table_slots (never expected) */
+	LB_CT_HIT,             /* a tracked flow went to its own backend */
+	LB_CT_MISS,            /* no entry: the table decided */
+	LB_CT_NEW,             /* an entry was made (or remade, for a stale one) */
+	LB_CT_STALE,           /* an entry whose backend is gone, unhealthy or expired: re-hashed */
 	LB_STAT_MAX,
 };
 

@@ -86,9 +86,42 @@ pub struct Backend {
     pub address: IpAddr,
     pub name: Option<String>,
     pub weight: u32,
+    pub state: BackendState,
+}
+
+/// `state:` of a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendState {
+    /// Owns slots by its weight (the default).
+    Active,
+    /// Owns no slots, so new flows go elsewhere, but flows already tracked to it keep going:
+    /// how a server is taken out without cutting its users off.
+    Drain,
+    /// Failing its health checks (never written in a file): owns no slots, and tracked flows
+    /// leave it too.
+    Down,
+}
+
+impl BackendState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Active => "active",
+            BackendState::Drain => "drain",
+            BackendState::Down => "down",
+        }
+    }
 }
 
 impl Backend {
+    /// The weight the tables use: 0 unless active.
+    pub fn serving_weight(&self) -> u32 {
+        if self.state == BackendState::Active {
+            self.weight
+        } else {
+            0
+        }
+    }
+
     /// The stable identity that the table algorithms hash: the name if set, else the canonical
     /// text of the address (IPv6 in RFC 5952 form, which is what `Ipv6Addr`'s Display prints).
     pub fn identity(&self) -> String {
@@ -112,6 +145,8 @@ pub struct Service {
     pub backends: Vec<Backend>,
     /// None: no health checking (every backend counts as healthy).
     pub health_check: Option<HealthCheck>,
+    /// Established flows keep their backend through the data plane's flow table (default on).
+    pub conntrack: bool,
 }
 
 /// How a service's backends are probed (`health_check:`).
@@ -481,6 +516,7 @@ impl Validator<'_> {
             "hash",
             "backends",
             "health_check",
+            "conntrack",
         ];
         let f = self.mapping(node, at, KEYS)?;
 
@@ -563,6 +599,12 @@ impl Validator<'_> {
             backends.push(b);
         }
 
+        let conntrack = match Self::get(f, "conntrack") {
+            None => true,
+            // `on | off` as the docs write it; true/false mean the same.
+            Some(Node::Bool(b)) => *b,
+            Some(n) => self.choice(n, &at.key("conntrack"), &[("on", true), ("off", false)])?,
+        };
         let health_check = match Self::get(f, "health_check") {
             None => None,
             Some(n) => self.health_check(n, &at.key("health_check"), port, protocol)?,
@@ -578,6 +620,7 @@ impl Validator<'_> {
             hash,
             backends,
             health_check,
+            conntrack,
         };
         if algorithm == Algorithm::Ring {
             let tokens = svc.total_weight() * vnodes_per_weight as u64;
@@ -711,9 +754,9 @@ impl Validator<'_> {
     fn backend(&self, node: &Node, at: &FieldPath) -> Result<Backend, ConfigError> {
         // A bare address is a handy shorthand: `- 10.0.0.1`.
         if let Node::Str(_) = node {
-            return Ok(Backend { address: self.address(node, at)?, name: None, weight: 1 });
+            return Ok(Backend { address: self.address(node, at)?, name: None, weight: 1, state: BackendState::Active });
         }
-        let f = self.mapping(node, at, &["address", "name", "weight"])?;
+        let f = self.mapping(node, at, &["address", "name", "weight", "state"])?;
         let address = self.address(self.required(f, at, "address")?, &at.key("address"))?;
         let name = match Self::get(f, "name") {
             None => None,
@@ -730,7 +773,11 @@ impl Validator<'_> {
             None => 1,
             Some(n) => self.integer(n, &at.key("weight"), 0, MAX_WEIGHT)?,
         };
-        Ok(Backend { address, name, weight })
+        let state = match Self::get(f, "state") {
+            None => BackendState::Active,
+            Some(n) => self.choice(n, &at.key("state"), &[("active", BackendState::Active), ("drain", BackendState::Drain)])?,
+        };
+        Ok(Backend { address, name, weight, state })
     }
 }
 

@@ -52,7 +52,16 @@ pub struct Dataplane {
     macs: HashMap<IpAddr, [u8; 6]>,
     /// Reuses ring tokens from one change to the next.
     builder: table::Builder,
+    /// Each backend id's generation (see lb.h, struct lb_flow).
+    gens: HashMap<u32, u32>,
 }
+
+/// Flow-table entries by default (`--conntrack-size`): 262,144, about 30 MiB of kernel memory.
+pub const DEFAULT_CONNTRACK_SIZE: u32 = 1 << 18;
+/// A tracked TCP flow idle this long is forgotten.
+pub const DEFAULT_CT_TCP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+/// A tracked UDP flow idle this long is forgotten.
+pub const DEFAULT_CT_UDP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What one [`Dataplane::apply`] did.
 #[derive(Debug, Clone)]
@@ -68,6 +77,11 @@ pub struct Applied {
 impl Dataplane {
     /// Opens and loads the program (the verifier runs here). Nothing is attached.
     pub fn load(table_capacity: u32) -> Result<Dataplane> {
+        Self::load_sized(table_capacity, DEFAULT_CONNTRACK_SIZE)
+    }
+
+    /// [`Dataplane::load`], with the flow table sized to `conntrack_size` entries.
+    pub fn load_sized(table_capacity: u32, conntrack_size: u32) -> Result<Dataplane> {
         // The skeleton borrows its object for its whole life; one per process, so leaking the
         // few bytes of the holder is simpler than a self-referential struct.
         let object = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -77,6 +91,10 @@ impl Dataplane {
             .table_slots
             .set_max_entries(table_capacity.div_ceil(2))
             .with_context(|| format!("sizing the destination tables to {table_capacity} slots"))?;
+        open.maps
+            .flows
+            .set_max_entries(conntrack_size.max(1))
+            .with_context(|| format!("sizing the flow table to {conntrack_size} entries"))?;
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
         let slots = SlotsMapping::new(&skel.maps.table_slots, table_capacity)?;
         let limits = plan::Limits {
@@ -84,7 +102,18 @@ impl Dataplane {
             max_backend_id: skel.maps.backends.info()?.info.max_entries - 1,
             max_route_id: skel.maps.routes.info()?.info.max_entries - 1,
         };
-        Ok(Dataplane { skel, slots, limits, state: plan::State::default(), macs: HashMap::new(), builder: Default::default() })
+        let mut dp = Dataplane {
+            skel,
+            slots,
+            limits,
+            state: plan::State::default(),
+            macs: HashMap::new(),
+            builder: Default::default(),
+            gens: HashMap::new(),
+        };
+        dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
+        dp.tick()?;
+        Ok(dp)
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -94,7 +123,25 @@ impl Dataplane {
     /// Sets the source MAC of forwarded frames (the attached interface's).
     pub fn set_ifmac(&mut self, ifmac: [u8; 6]) -> Result<()> {
         let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings = types::lb_config { ifmac, pad: [0; 2] };
+        bss.lb_settings.ifmac = ifmac;
+        Ok(())
+    }
+
+    /// How long tracked flows may stay idle before they are forgotten (and re-hashed).
+    pub fn set_conntrack_timeouts(&mut self, tcp: std::time::Duration, udp: std::time::Duration) -> Result<()> {
+        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
+        bss.lb_settings.ct_tcp_timeout_ms = tcp.as_millis() as u64;
+        bss.lb_settings.ct_udp_timeout_ms = udp.as_millis() as u64;
+        Ok(())
+    }
+
+    /// Advances the data plane's clock (lb_config.clock_ms) to now. Connection tracking ages
+    /// flows by it, so whoever runs the data plane calls this several times a second.
+    pub fn tick(&mut self) -> Result<()> {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
+        let ms = now.tv_sec() as u64 * 1000 + now.tv_nsec() as u64 / 1_000_000;
+        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
+        bss.lb_settings.clock_ms = ms;
         Ok(())
     }
 
@@ -149,10 +196,13 @@ impl Dataplane {
     fn execute(&mut self, op: &plan::Op) -> Result<()> {
         let maps = &self.skel.maps;
         match op {
-            plan::Op::Backend { id, address } => self.write_backend(*id, self.macs.get(address).copied())?,
+            plan::Op::Backend { id, address, alive } => self.write_backend(*id, self.macs.get(address).copied(), *alive)?,
             plan::Op::ResetCounters { id } => {
                 let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
                 maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
+                let gen = self.gens.entry(*id).or_insert(0);
+                *gen = gen.wrapping_add(1);
+                maps.backend_gen.update(&id.to_ne_bytes(), &gen.to_ne_bytes(), MapFlags::ANY)?;
             }
             plan::Op::Slots(entries) => self.slots.write(entries)?,
             plan::Op::Route { id, route } => {
@@ -183,10 +233,10 @@ impl Dataplane {
         Ok(())
     }
 
-    fn write_backend(&self, id: u32, mac: Option<[u8; 6]>) -> Result<()> {
+    fn write_backend(&self, id: u32, mac: Option<[u8; 6]>, alive: bool) -> Result<()> {
         let rec = types::lb_backend {
             mac: mac.unwrap_or([0; 6]),
-            flags: if mac.is_some() { LB_BACKEND_MAC_KNOWN } else { 0 },
+            flags: if mac.is_some() { LB_BACKEND_MAC_KNOWN } else { 0 } | if alive { LB_BACKEND_ALIVE } else { 0 },
             pad: 0,
         };
         self.skel.maps.backends.update(&id.to_ne_bytes(), bytes_of(&rec), MapFlags::ANY)?;
@@ -204,10 +254,16 @@ impl Dataplane {
             Some(m) => self.macs.insert(addr, m),
             None => self.macs.remove(&addr),
         };
-        let ids: Vec<u32> =
-            self.state.services.iter().flat_map(|s| &s.backends).filter(|b| b.address == addr).map(|b| b.id).collect();
-        for id in ids {
-            self.write_backend(id, mac)?;
+        let ids: Vec<(u32, bool)> = self
+            .state
+            .services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .filter(|b| b.address == addr)
+            .map(|b| (b.id, b.state != crate::config::BackendState::Down))
+            .collect();
+        for (id, alive) in ids {
+            self.write_backend(id, mac, alive)?;
         }
         Ok(true)
     }
@@ -236,10 +292,14 @@ impl Dataplane {
             forwarded: 0,
             passed: self.stat(S::LB_STAT_PASSED)?,
             drops: Vec::with_capacity(drops.len()),
+            conntrack: Vec::with_capacity(4),
             services: Vec::with_capacity(self.state.services.len()),
         };
         for (name, stat) in drops {
             snap.drops.push((name, self.stat(stat)?));
+        }
+        for (name, stat) in [("hit", S::LB_CT_HIT), ("miss", S::LB_CT_MISS), ("new", S::LB_CT_NEW), ("stale", S::LB_CT_STALE)] {
+            snap.conntrack.push((name, self.stat(stat)?));
         }
         for s in &self.state.services {
             let mut backends = Vec::with_capacity(s.backends.len());
@@ -354,6 +414,7 @@ impl Drop for SlotsMapping {
 }
 
 const LB_BACKEND_MAC_KNOWN: u8 = types::lb_backend_flags::LB_BACKEND_MAC_KNOWN.0 as u8;
+const LB_BACKEND_ALIVE: u8 = types::lb_backend_flags::LB_BACKEND_ALIVE.0 as u8;
 
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes)
@@ -393,6 +454,7 @@ fn route_value(r: &plan::Route) -> types::lb_service {
             HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
+        flags: if r.conntrack { types::lb_service_flags::LB_SVC_CONNTRACK.0 } else { 0 },
     }
 }
 

@@ -81,7 +81,7 @@ pub fn build_service(service: &Service) -> Table {
         .backends
         .iter()
         .zip(&identities)
-        .map(|(b, id)| Member { identity: id, weight: b.weight })
+        .map(|(b, id)| Member { identity: id, weight: b.serving_weight() })
         .collect();
     build(service.algorithm, service.slots, service.vnodes_per_weight, &members)
 }
@@ -101,7 +101,7 @@ impl Builder {
         }
         let identities: Vec<String> = service.backends.iter().map(|b| b.identity()).collect();
         let members: Vec<Member> =
-            service.backends.iter().zip(&identities).map(|(b, id)| Member { identity: id, weight: b.weight }).collect();
+            service.backends.iter().zip(&identities).map(|(b, id)| Member { identity: id, weight: b.serving_weight() }).collect();
         self.rings.entry(service.name.clone()).or_default().build(&members, service.vnodes_per_weight, service.slots)
     }
 
@@ -130,7 +130,7 @@ impl Share {
 
 pub fn shares(service: &Service, table: &Table) -> Vec<Share> {
     let counts = table.counts(service.backends.len());
-    let total_weight = service.total_weight();
+    let total_weight: u64 = service.backends.iter().map(|b| b.serving_weight() as u64).sum();
     service
         .backends
         .iter()
@@ -138,7 +138,7 @@ pub fn shares(service: &Service, table: &Table) -> Vec<Share> {
         .map(|(b, slots)| Share {
             slots,
             share: if table.is_empty() { 0.0 } else { slots as f64 / table.len() as f64 },
-            ideal: if total_weight == 0 { 0.0 } else { b.weight as f64 / total_weight as f64 },
+            ideal: if total_weight == 0 { 0.0 } else { b.serving_weight() as f64 / total_weight as f64 },
         })
         .collect()
 }

@@ -1,0 +1,217 @@
+//! Connection tracking through the real program and maps (BPF_PROG_TEST_RUN): a tracked flow
+//! keeps its backend when the table changes under it, a flow whose backend is gone re-hashes,
+//! drain keeps tracked flows and sends new ones elsewhere, UDP entries age out, a client's RST
+//! ends the entry. Needs root: `cargo test --test root_conntrack`.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use common::packet::*;
+use lb::config::{parse_str, BackendState, HashMode, Pool};
+use lb::dataplane::{types, Dataplane};
+use lb::flowhash::flow_hash;
+use lb::table;
+
+const XDP_TX: u32 = 3;
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const RST: u8 = 0x04;
+
+const A: &str = "services:
+  - name: web
+    vip: 10.99.0.100
+    port: 80
+    hash: flow
+    backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]
+  - name: dns
+    vip: 10.99.0.100
+    port: 53
+    protocol: udp
+    hash: flow
+    backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]
+";
+
+fn mac(a: IpAddr) -> [u8; 6] {
+    match a {
+        IpAddr::V4(v) => [2, 0xcc, 0, 0, 0, v.octets()[3]],
+        IpAddr::V6(_) => [0; 6],
+    }
+}
+
+fn pool(text: &str) -> Pool {
+    parse_str("p.yaml", text).expect("valid")
+}
+
+fn setup() -> (Dataplane, Pool) {
+    common::require_root();
+    let p = pool(A);
+    let mut dp = Dataplane::load(1 << 20).expect("load");
+    let macs = |a: IpAddr| Some(mac(a));
+    dp.install(&p, IFMAC, &macs).expect("install");
+    for a in 11..=16u8 {
+        dp.set_mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, a)), Some(mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, a))))).expect("mac");
+    }
+    (dp, p)
+}
+
+/// The backend the table of `pool`'s service says (src, sport) goes to.
+fn table_says(pool: &Pool, service: &str, src: Ipv4Addr, sport: u16) -> IpAddr {
+    let s = pool.service(service).expect("service");
+    let proto = if s.protocol == lb::config::Protocol::Tcp { 6 } else { 17 };
+    let h = flow_hash(HashMode::Flow, src.into(), s.vip, sport, s.port, proto);
+    let t = table::build_service(s);
+    s.backends[t.owner((h % s.slots) as usize).expect("owner")].address
+}
+
+fn tcp(dp: &Dataplane, src: Ipv4Addr, sport: u16, flags: u8) -> IpAddr {
+    let (action, out) = dp.test_run(&ipv4_simple(src, v4("10.99.0.100"), L4::Tcp { sport, dport: 80, flags })).expect("run");
+    assert_eq!(action, XDP_TX);
+    IpAddr::V4(Ipv4Addr::new(10, 99, 0, out[5]))
+}
+
+fn udp(dp: &Dataplane, src: Ipv4Addr, sport: u16) -> IpAddr {
+    let (action, out) = dp.test_run(&ipv4_simple(src, v4("10.99.0.100"), L4::Udp { sport, dport: 53 })).expect("run");
+    assert_eq!(action, XDP_TX);
+    IpAddr::V4(Ipv4Addr::new(10, 99, 0, out[5]))
+}
+
+/// Flows (src, sport) whose backend differs between two pools' tables.
+fn moving_flows(a: &Pool, b: &Pool, service: &str, n: usize) -> Vec<(Ipv4Addr, u16)> {
+    let mut out = Vec::new();
+    for i in 0..100_000u32 {
+        let (src, sport) = (Ipv4Addr::from(0xc000_0200 + (i % 250)), 10_000 + (i / 250) as u16);
+        if table_says(a, service, src, sport) != table_says(b, service, src, sport) {
+            out.push((src, sport));
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    assert_eq!(out.len(), n, "enough flows move between the two pools");
+    out
+}
+
+fn ct(dp: &Dataplane, stat: types::lb_stat) -> u64 {
+    dp.stat(stat).expect("stat")
+}
+
+#[test]
+fn root_a_tracked_flow_keeps_its_backend_when_the_table_changes() {
+    let (mut dp, a) = setup();
+    // Two more backends and new weights: many slots move.
+    let b = pool(&A.replacen("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[{address: 10.99.0.11, weight: 3}, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]", 1));
+    let flows = moving_flows(&a, &b, "web", 50);
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&dp, src, sport, SYN), table_says(&a, "web", src, sport));
+    }
+    dp.apply(&b).expect("apply");
+    let hits = ct(&dp, types::lb_stat::LB_CT_HIT);
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&dp, src, sport, ACK), table_says(&a, "web", src, sport), "{src}:{sport} kept its backend");
+        assert_eq!(tcp(&dp, src, sport, SYN), table_says(&a, "web", src, sport), "a retransmitted SYN too");
+    }
+    assert_eq!(ct(&dp, types::lb_stat::LB_CT_HIT) - hits, 100);
+    // A flow never seen follows the new table; so does an untracked mid-flow packet.
+    let fresh = moving_flows(&a, &b, "web", 60)[55..].to_vec();
+    for &(src, sport) in &fresh {
+        assert_eq!(tcp(&dp, src, sport, ACK), table_says(&b, "web", src, sport), "no entry: the table decides");
+        assert_eq!(tcp(&dp, src, sport, SYN), table_says(&b, "web", src, sport));
+    }
+    // With tracking off, the same tracked flows follow the table at once.
+    let off = pool(&b_with_conntrack_off(&b));
+    dp.apply(&off).expect("apply");
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&dp, src, sport, ACK), table_says(&off, "web", src, sport));
+    }
+}
+
+fn b_with_conntrack_off(_: &Pool) -> String {
+    A.replacen(
+        "[10.99.0.11, 10.99.0.12, 10.99.0.13]",
+        "[{address: 10.99.0.11, weight: 3}, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]\n    conntrack: off",
+        1,
+    )
+}
+
+#[test]
+fn root_flows_of_a_removed_or_down_backend_re_hash() {
+    let (mut dp, a) = setup();
+    let b = pool(&A.replacen("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.13]", 1));
+    let flows = moving_flows(&a, &b, "web", 40);
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&dp, src, sport, SYN), "10.99.0.12".parse::<IpAddr>().expect("ip"), "only 12's flows move");
+    }
+    dp.apply(&b).expect("apply");
+    let stale = ct(&dp, types::lb_stat::LB_CT_STALE);
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&dp, src, sport, ACK), table_says(&b, "web", src, sport), "re-hashed through the table");
+        assert_eq!(tcp(&dp, src, sport, ACK), table_says(&b, "web", src, sport), "and tracked there");
+    }
+    assert_eq!(ct(&dp, types::lb_stat::LB_CT_STALE) - stale, 40, "each stale entry counted once, then remade");
+
+    // A backend that fails its health checks: its tracked flows leave it too.
+    let mut down = a.clone();
+    down.services[0].backends[1].state = BackendState::Down;
+    dp.apply(&a).expect("apply");
+    let again = moving_flows(&a, &b, "web", 40);
+    for &(src, sport) in &again {
+        tcp(&dp, src, sport, RST); // forget what the previous phase tracked
+        assert_eq!(tcp(&dp, src, sport, SYN), "10.99.0.12".parse::<IpAddr>().expect("ip"));
+    }
+    dp.apply(&down).expect("apply");
+    for &(src, sport) in &again {
+        assert_ne!(tcp(&dp, src, sport, ACK), "10.99.0.12".parse::<IpAddr>().expect("ip"), "never through a stale entry");
+    }
+}
+
+#[test]
+fn root_drain_keeps_tracked_flows_and_sends_new_ones_elsewhere() {
+    let (mut dp, a) = setup();
+    let drained = pool(&A.replacen("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, {address: 10.99.0.12, state: drain}, 10.99.0.13]", 1));
+    let flows = moving_flows(&a, &drained, "web", 80);
+    let (tracked, new) = flows.split_at(40);
+    for &(src, sport) in tracked {
+        assert_eq!(tcp(&dp, src, sport, SYN), "10.99.0.12".parse::<IpAddr>().expect("ip"));
+    }
+    dp.apply(&drained).expect("apply");
+    for &(src, sport) in tracked {
+        assert_eq!(tcp(&dp, src, sport, ACK), "10.99.0.12".parse::<IpAddr>().expect("ip"), "a draining backend keeps its flows");
+    }
+    for &(src, sport) in new {
+        let got = tcp(&dp, src, sport, SYN);
+        assert_ne!(got, "10.99.0.12".parse::<IpAddr>().expect("ip"), "new flows avoid it");
+        assert_eq!(got, table_says(&drained, "web", src, sport));
+    }
+}
+
+#[test]
+fn root_udp_entries_age_out_and_a_reset_ends_a_tcp_entry() {
+    let (mut dp, a) = setup();
+    dp.set_conntrack_timeouts(Duration::from_secs(3600), Duration::from_millis(300)).expect("timeouts");
+    let b = pool(&A.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]"));
+    let flows = moving_flows(&a, &b, "dns", 20);
+    for &(src, sport) in &flows {
+        assert_eq!(udp(&dp, src, sport), table_says(&a, "dns", src, sport));
+    }
+    let tcp_flows = moving_flows(&a, &b, "web", 20);
+    for &(src, sport) in &tcp_flows {
+        tcp(&dp, src, sport, SYN);
+    }
+    dp.apply(&b).expect("apply");
+    for &(src, sport) in &flows {
+        assert_eq!(udp(&dp, src, sport), table_says(&a, "dns", src, sport), "fresh entries hold");
+    }
+    // 300 ms idle plus a margin, on the clock lb attach advances several times a second.
+    std::thread::sleep(Duration::from_millis(450));
+    dp.tick().expect("tick");
+    for &(src, sport) in &flows {
+        assert_eq!(udp(&dp, src, sport), table_says(&b, "dns", src, sport), "idle past the timeout: re-hashed");
+    }
+    // TCP entries have an hour; a reset from the client ends them at once.
+    for &(src, sport) in &tcp_flows {
+        assert_eq!(tcp(&dp, src, sport, RST | ACK), table_says(&a, "web", src, sport), "the RST goes where the flow was");
+        assert_eq!(tcp(&dp, src, sport, SYN), table_says(&b, "web", src, sport), "the next connection is a new flow");
+    }
+}
