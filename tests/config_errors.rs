@@ -9,6 +9,7 @@ const CASES: &[(&str, &str)] = &[
     ("bad-protocol.yaml", ":5:15: services[0].protocol: expected one of tcp | udp, found `sctp`"),
     ("bad-service-name.yaml", ":2:11: services[0].name: `web site` is not a valid service name: use 1..=63 characters from A-Z a-z 0-9 . _ -"),
     ("comments-only.yaml", ": the file is empty; expected a mapping with a `services` list"),
+    ("conntrack-bad.yaml", ":5:16: services[0].conntrack: expected one of on | off, found `sometimes`"),
     ("duplicate-backend-address.yaml", ":9:18: services[0].backends[2].address: duplicate backend address 10.99.0.11"),
     ("duplicate-backend-identity.yaml", ":10:15: services[0].backends[1].name: duplicate backend identity `app` (also backends[0])"),
     ("duplicate-endpoint.yaml", ":10:10: services[1].vip: 10.99.0.100:80/tcp is already served by services[0] (`web`)"),
@@ -32,6 +33,7 @@ const CASES: &[(&str, &str)] = &[
     ("ring-too-large.yaml", ":8:7: services[0].backends: the ring would have 10010000 tokens (total weight 1001 x vnodes_per_weight 10000); the limit is 4194304: lower the weights or vnodes_per_weight"),
     ("services-not-a-list.yaml", ":2:3: services: expected a list of services, found a mapping"),
     ("slots-zero.yaml", ":6:12: services[0].slots: expected an integer 1..=1048576, found 0"),
+    ("state-bad.yaml", ":6:38: services[0].backends[0].state: expected one of active | drain, found `down`"),
     ("unknown-key.yaml", ":5:5: services[0].protocl: unknown key `protocl`; expected one of: name, vip, port, protocol, algorithm, slots, vnodes_per_weight, hash, backends, health_check, conntrack"),
     ("unknown-top-level-key.yaml", ":1:1: service: unknown key `service`; expected one of: services"),
     ("unspecified-backend.yaml", ":8:18: services[0].backends[1].address: 0.0.0.0 is the unspecified address; expected a unicast address"),
@@ -73,6 +75,7 @@ fn positions_point_at_the_offending_text() {
     // Independent of the messages: the line:column of a few errors lands on the bad token.
     for (name, token) in [
         ("weight-out-of-range.yaml", "1001"),
+        ("state-bad.yaml", "down"),
         ("unknown-key.yaml", "protocl"),
         ("bad-protocol.yaml", "sctp"),
         ("multicast-vip.yaml", "224.0.0.5"),
