@@ -106,7 +106,8 @@ pub fn effective(pool: &Pool, health: &HealthMap) -> (Pool, Vec<String>) {
             open.push(s.name.clone());
             continue;
         }
-        let gone: Vec<usize> = live.into_iter().filter(|&i| down(s, i)).collect();
+        // Draining backends too: their tracked flows must not go to a backend that fails.
+        let gone: Vec<usize> = (0..s.backends.len()).filter(|&i| down(s, i)).collect();
         for i in gone {
             s.backends[i].state = crate::config::BackendState::Down;
         }
@@ -202,6 +203,14 @@ mod tests {
         let (p, open) = effective(&pool, &map);
         assert_eq!(open, vec!["web".to_string()]);
         assert_eq!(p.services[0].backends.iter().map(|b| b.serving_weight()).collect::<Vec<_>>(), vec![1, 1, 0], "fail open");
+
+        // A draining backend that fails its checks is down as well: its tracked flows leave it.
+        let drained = parse_str("p.yaml", &POOL.replace("{address: 10.0.0.3, name: b2}", "{address: 10.0.0.3, name: b2, state: drain}")).expect("valid");
+        let mut map2 = HealthMap::new();
+        down(&mut map2, "web", "b2");
+        let (p, open) = effective(&drained, &map2);
+        assert!(open.is_empty());
+        assert_eq!(p.services[0].backends[1].state, crate::config::BackendState::Down);
 
         // A service without checks is never touched, even with an entry in the map.
         down(&mut map, "raw", "b1");
