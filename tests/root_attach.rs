@@ -51,8 +51,8 @@ fn root_attach_logs_resolves_and_detaches_cleanly_on_sigterm_and_sigint() {
         assert!(lb.seen.iter().any(|l| l.contains("service web: 10.77.0.100:80/tcp")), "{:?}", lb.seen);
         assert!(lb.seen.iter().any(|l| l.contains("service dns: 10.77.0.100:53/udp")), "{:?}", lb.seen);
         let mac_bytes: Vec<u8> = be_mac.split(':').map(|h| u8::from_str_radix(h, 16).expect("hex")).collect();
-        let backends = map_entries(Running::prog_id(&attached), "backends");
-        assert!(backends.iter().any(|(_, v)| v[..6] == mac_bytes[..] && v[6] & 1 == 1), "backend record with the resolved MAC");
+        let backends = Live::new(Running::prog_id(&attached)).values("backends");
+        assert!(backends.iter().any(|v| v[..6] == mac_bytes[..] && v[6] & 1 == 1), "backend record with the resolved MAC");
 
         lb.signal(sig);
         let status = lb.wait_exit(SECS);
@@ -221,8 +221,8 @@ fn root_attach_follows_neighbour_changes_and_prints_stats() {
     // The kernel learns a new MAC for the backend: lb follows, in the log and in the map.
     p.lb.ip(&["neigh", "replace", "10.77.0.11", "lladdr", "02:42:00:00:00:42", "dev", "lbv0", "nud", "reachable"]);
     lb.wait_for("backend 10.77.0.11 moved from MAC", SECS);
-    let backends = map_entries(id, "backends");
-    assert!(backends.iter().any(|(_, v)| v[..6] == [0x02, 0x42, 0, 0, 0, 0x42]), "new MAC in the backends map");
+    let backends = Live::new(id).values("backends");
+    assert!(backends.iter().any(|v| v[..6] == [0x02, 0x42, 0, 0, 0, 0x42]), "new MAC in the backends map");
 
     lb.signal(Signal::SIGTERM);
     assert_eq!(lb.wait_exit(SECS).code(), Some(0));

@@ -355,7 +355,7 @@ impl Dataplane {
     /// A counter of enum lb_stat, summed over CPUs.
     pub fn stat(&self, stat: types::lb_stat) -> Result<u64> {
         let per_cpu = self.skel.maps.stats.lookup_percpu(&stat.0.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-        Ok(per_cpu.iter().map(|v| u64_at(v, 0)).sum())
+        Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
     }
 }
 
@@ -416,11 +416,7 @@ impl Drop for SlotsMapping {
 const LB_BACKEND_MAC_KNOWN: u8 = types::lb_backend_flags::LB_BACKEND_MAC_KNOWN.0 as u8;
 const LB_BACKEND_ALIVE: u8 = types::lb_backend_flags::LB_BACKEND_ALIVE.0 as u8;
 
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes)
-}
-
-/// Reads a map value of one of the skeleton's plain types from the bytes the kernel returned
+/// Reads a map value of one of the skeleton's plain types (or an integer) from the bytes the kernel returned
 /// (for tools and tests that read a running program's maps).
 pub fn value_of<T: Copy + Default>(bytes: &[u8]) -> T {
     if bytes.len() < std::mem::size_of::<T>() {

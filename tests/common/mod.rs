@@ -231,29 +231,6 @@ impl Drop for Running {
     }
 }
 
-/// The entries of one of program `prog_id`'s maps, read with bpftool, as (key bytes, value bytes).
-pub fn map_entries(prog_id: u32, map_name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let prog: serde_json::Value =
-        serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "id", &prog_id.to_string()])).expect("bpftool json");
-    let ids: Vec<u64> = prog["map_ids"].as_array().expect("map_ids").iter().filter_map(|v| v.as_u64()).collect();
-    for id in ids {
-        let map: serde_json::Value = serde_json::from_str(&sh(&["bpftool", "-j", "map", "show", "id", &id.to_string()])).expect("json");
-        if map["name"].as_str() == Some(map_name) {
-            let dump: serde_json::Value =
-                serde_json::from_str(&sh(&["bpftool", "-j", "map", "dump", "id", &id.to_string()])).expect("json");
-            let hex = |v: &serde_json::Value| -> Vec<u8> {
-                v.as_array()
-                    .expect("byte list")
-                    .iter()
-                    .map(|b| u8::from_str_radix(b.as_str().expect("hex").trim_start_matches("0x"), 16).expect("hex byte"))
-                    .collect()
-            };
-            return dump.as_array().expect("entries").iter().map(|e| (hex(&e["key"]), hex(&e["value"]))).collect();
-        }
-    }
-    panic!("program {prog_id} has no map named {map_name}");
-}
-
 /// A running program, seen from outside the process that loaded it: its maps by name, and
 /// BPF_PROG_TEST_RUN on it.
 pub struct Live {
@@ -277,6 +254,13 @@ impl Live {
 
     fn map(&self, name: &str) -> &libbpf_rs::MapHandle {
         self.maps.get(name).unwrap_or_else(|| panic!("no map {name}"))
+    }
+
+    /// Every value of map `name`.
+    pub fn values(&self, name: &str) -> Vec<Vec<u8>> {
+        use libbpf_rs::{MapCore, MapFlags};
+        let map = self.map(name);
+        map.keys().filter_map(|k| map.lookup(&k, MapFlags::ANY).expect("lookup")).collect()
     }
 
     /// One BPF_PROG_TEST_RUN: (XDP action, output frame).
