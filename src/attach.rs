@@ -175,6 +175,7 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         health: HealthMap::new(),
         prober: Prober::new(PROBE_WORKERS)?,
         next_probe: HashMap::new(),
+        probes_due: Some(Instant::now()),
         failing_open: Vec::new(),
     };
     let stop = server.serve()?;
@@ -440,6 +441,8 @@ struct Server<'a> {
     prober: Prober,
     /// When each checked backend is probed next.
     next_probe: HashMap<(String, String), Instant>,
+    /// The earliest of those (None: nothing is checked); recomputed after every reload.
+    probes_due: Option<Instant>,
     /// Services whose every backend is down, served as if all were up.
     failing_open: Vec<String>,
 }
@@ -571,7 +574,11 @@ impl Server<'_> {
             if let Some(t) = self.debounce.due() {
                 wake = wake.min(t);
             }
-            if let Some(t) = self.schedule_probes(now) {
+            // Scanning every checked backend only when a probe is due, not on every wake-up.
+            if self.probes_due.is_some_and(|due| now >= due) {
+                self.probes_due = self.schedule_probes(now);
+            }
+            if let Some(t) = self.probes_due {
                 wake = wake.min(t);
             }
             let timeout = PollTimeout::try_from(wake.saturating_duration_since(now)).unwrap_or(PollTimeout::MAX);
@@ -717,6 +724,7 @@ impl Server<'_> {
         let previous = std::mem::replace(&mut self.configured, pool.clone());
         let kept_health = self.health.clone();
         health::retain(&mut self.health, &pool);
+        self.probes_due = Some(Instant::now());
         self.next_probe.retain(|k, _| {
             pool.service(&k.0).is_some_and(|s| s.health_check.is_some() && s.backends.iter().any(|b| b.identity() == k.1))
         });
