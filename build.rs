@@ -1,5 +1,6 @@
-//! Compiles the XDP data plane (src/bpf/lb.bpf.c) into a Rust skeleton in $OUT_DIR, and the
-//! benchmark's floor program (src/bpf/floor.bpf.c) next to it.
+//! Compiles the XDP data plane (src/bpf/lb.bpf.c) into a Rust skeleton in $OUT_DIR, and next to
+//! it the backends' decapsulation program (src/bpf/decap.bpf.c) and the benchmark's floor program
+//! (src/bpf/floor.bpf.c).
 //!
 //! Kept boring on purpose: the sources, the pinned CO-RE header for the target
 //! architecture, and a rerun trigger for every file under src/bpf.
@@ -11,7 +12,11 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 /// (source, skeleton file in $OUT_DIR)
-const PROGRAMS: [(&str, &str); 2] = [("src/bpf/lb.bpf.c", "lb.skel.rs"), ("src/bpf/floor.bpf.c", "floor.skel.rs")];
+const PROGRAMS: [(&str, &str); 3] = [
+    ("src/bpf/lb.bpf.c", "lb.skel.rs"),
+    ("src/bpf/decap.bpf.c", "decap.skel.rs"),
+    ("src/bpf/floor.bpf.c", "floor.skel.rs"),
+];
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -59,6 +59,70 @@ pub struct Plan {
     pub reload_delay: Duration,
     /// How often the file is re-read even without events (and lost watches re-armed).
     pub recheck_interval: Duration,
+    /// `--encap-source`: the outer source of encapsulated packets, at most one per family, with
+    /// how many leading bits stay fixed (the rest vary with the flow).
+    pub encap_sources: Vec<(IpAddr, u8)>,
+}
+
+/// Outer sources of encapsulated packets, per family.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct EncapSources {
+    v4: Option<(std::net::Ipv4Addr, u8)>,
+    v6: Option<(std::net::Ipv6Addr, u8)>,
+}
+
+/// The outer source of encapsulated packets for each family the pool's encapsulated backends
+/// use: `--encap-source` where given, else the interface's first address of that family that
+/// is not a VIP (a backend drops an encapsulated packet whose outer source is one of its own
+/// addresses, and every backend holds the VIPs) nor link-local. Errors name what is missing.
+fn encap_sources(plan: &Plan, ifc: &Interface, pool: &Pool) -> Result<EncapSources, String> {
+    let vips: HashSet<IpAddr> = pool.services.iter().map(|s| s.vip).collect();
+    let mut out = EncapSources::default();
+    for &(a, len) in &plan.encap_sources {
+        if vips.contains(&a) {
+            return Err(format!(
+                "--encap-source {a} is a VIP of the pool; backends hold every VIP and drop encapsulated packets from their own addresses"
+            ));
+        }
+        match a {
+            IpAddr::V4(v) => out.v4 = Some((v, len)),
+            IpAddr::V6(v) => out.v6 = Some((v, len)),
+        }
+    }
+    let needs = |v6: bool| {
+        pool.services.iter().filter(|s| s.forward.encapsulates()).flat_map(|s| &s.backends).any(|b| b.address.is_ipv6() == v6)
+    };
+    let usable = |a: &&IpAddr| !vips.contains(a) && !a.is_loopback() && !matches!(a, IpAddr::V6(v) if (v.segments()[0] & 0xffc0) == 0xfe80);
+    if out.v4.is_none() {
+        out.v4 = ifc.addresses.iter().filter(usable).find_map(|a| match a {
+            IpAddr::V4(v) => Some((*v, 32)),
+            _ => None,
+        });
+        if out.v4.is_none() && needs(false) {
+            return Err(format!(
+                "encapsulated IPv4 backends need an IPv4 source address: {} has none but VIPs; add one or give --encap-source",
+                ifc.name
+            ));
+        }
+    }
+    if out.v6.is_none() {
+        out.v6 = ifc.addresses.iter().filter(usable).find_map(|a| match a {
+            IpAddr::V6(v) => Some((*v, 128)),
+            _ => None,
+        });
+        if out.v6.is_none() && needs(true) {
+            return Err(format!(
+                "encapsulated IPv6 backends need an IPv6 source address: {} has none but VIPs and link-local ones; add one or give --encap-source",
+                ifc.name
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The interface's MTU (what an encapsulated frame may not exceed).
+fn interface_mtu(ifc: &Interface) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{}/mtu", ifc.name)).ok().and_then(|m| m.trim().parse().ok()).unwrap_or(1500)
 }
 
 /// At most this long after the first event of a burst, a reload happens even if a writer still
@@ -78,7 +142,7 @@ const RELOAD_RESOLVE: Duration = Duration::from_millis(100);
 /// of the change events the kernel sends.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(5);
 
-fn log(msg: impl AsRef<str>) {
+pub(crate) fn log(msg: impl AsRef<str>) {
     eprintln!("lb: {}", msg.as_ref());
 }
 
@@ -90,11 +154,12 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     }
     let mut nl = netlink::Socket::open().context("opening a netlink socket")?;
     let text = String::from_utf8_lossy(content);
-    let problems = reachability_problems(&plan.config, &text, &pool, &ifc, &mut nl, &[]);
+    let (problems, via) = next_hops(&plan.config, &text, &pool, &ifc, &mut nl, &[]);
     if !problems.is_empty() {
         let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
         bail!("{} cannot serve this pool; nothing was attached:\n{}", ifc.name, lines.join("\n"));
     }
+    let sources = encap_sources(&plan, &ifc, &pool).map_err(|e| anyhow::anyhow!("{e}; nothing was attached"))?;
     if !ifc.up {
         log(format!("warning: {} is down; lb attaches anyway and serves once it is up", ifc.name));
     }
@@ -110,7 +175,7 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
 
     // Subscribe before the first dump, so that no change falls between the two.
     let mut events = netlink::Socket::neighbour_events().context("subscribing to neighbour changes")?;
-    let backends = distinct_backends(&pool);
+    let backends = distinct_neighbours(&pool, &via);
     let Some(macs) = resolve_initial(&backends, &ifc, &mut nl, &mut events, &signals, plan.resolve_timeout)? else {
         log("interrupted before attaching; nothing was changed");
         return Ok(ExitCode::SUCCESS);
@@ -127,8 +192,14 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
 
     let mut dp = Dataplane::load_sized(plan.table_capacity, plan.conntrack_size)?;
     dp.set_conntrack_timeouts(plan.conntrack_timeouts.0, plan.conntrack_timeouts.1)?;
+    let mtu = interface_mtu(&ifc);
+    dp.set_mtu(mtu)?;
+    dp.set_encap_sources(sources.v4, sources.v6)?;
+    for (&addr, &hop) in &via {
+        dp.set_via(addr, hop)?;
+    }
     dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("filling the BPF maps")?;
-    let xdp = attach_with_mode(&dp, &ifc, plan.mode)?;
+    let xdp = attach_with_mode(dp.program_fd(), &ifc, plan.mode)?;
     log(format!(
         "attached to {} (ifindex {}, {}) in {} mode: XDP program id {}, link id {}",
         ifc.name,
@@ -138,13 +209,19 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         xdp.prog_id,
         xdp.link_id
     ));
+    if pool.services.iter().any(|s| s.forward.encapsulates()) {
+        log(format!("encapsulated packets: {}; MTU {mtu}", describe_sources(&sources)));
+    }
     for s in &pool.services {
         log(format!("service {}", report::service_summary(s)));
         let t = table::build_service(s);
         for (b, share) in s.backends.iter().zip(table::shares(s, &t)) {
-            let mac = match macs.get(&b.address) {
-                Some(m) => format!("MAC {}", mac_text(m)),
-                None => "MAC unresolved: its packets are dropped (no_mac) until it answers ARP/ND".to_string(),
+            let hop = via.get(&b.address).copied().unwrap_or(b.address);
+            let mac = match (macs.get(&hop), hop == b.address) {
+                (Some(m), true) => format!("MAC {}", mac_text(m)),
+                (Some(m), false) => format!("via {hop}, MAC {}", mac_text(m)),
+                (None, true) => "MAC unresolved: its packets are dropped (no_mac) until it answers ARP/ND".to_string(),
+                (None, false) => format!("via {hop}, MAC unresolved: its packets are dropped (no_mac) until the router answers ARP/ND"),
             };
             log(format!(
                 "  backend {} weight {}: {} slots ({:.2}%), {mac}",
@@ -168,6 +245,9 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         debounce: Debounce::new(plan.reload_delay, RELOAD_MAX_WAIT),
         content: digest(content),
         backends,
+        via,
+        sources,
+        mtu,
         vips: pool.services.iter().map(|s| s.vip).collect(),
         failing: HashSet::new(),
         last_read_error: None,
@@ -202,14 +282,14 @@ fn backend_label(b: &config::Backend) -> String {
 }
 
 /// An OS error as people read it: "operation not supported", without "(os error 95)".
-fn os_text(e: &std::io::Error) -> String {
+pub(crate) fn os_text(e: &std::io::Error) -> String {
     let text = e.to_string();
     let text = text.split(" (os error").next().unwrap_or_default();
     let mut chars = text.chars();
     chars.next().map_or(String::new(), |c| c.to_lowercase().chain(chars).collect())
 }
 
-fn already_attached(ifc: &Interface, a: Option<link::Attached>) -> anyhow::Error {
+pub(crate) fn already_attached(ifc: &Interface, a: Option<link::Attached>) -> anyhow::Error {
     let what = a.map_or(String::new(), |a| format!(" (program id {}, {} mode)", a.prog_id, a.mode));
     anyhow::anyhow!(
         "{} already has an XDP program attached{what}; lb never replaces another program. \
@@ -220,7 +300,7 @@ fn already_attached(ifc: &Interface, a: Option<link::Attached>) -> anyhow::Error
 }
 
 /// Needs CAP_NET_ADMIN (attach, netlink) and CAP_BPF or CAP_SYS_ADMIN (load, maps).
-fn check_privileges() -> Result<()> {
+pub(crate) fn check_privileges() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_BPF: u32 = 39;
@@ -244,19 +324,22 @@ fn check_privileges() -> Result<()> {
     Ok(())
 }
 
-/// L2 direct server return sends a frame straight to a backend's MAC, so every backend must be
-/// directly connected to the interface; a VIP held by another interface arrives there, not here.
-/// Every problem is reported, each at its place in the file.
-fn reachability_problems(
+/// Where each backend's frames go, and every reason the pool cannot be served from `ifc`.
+/// L2 direct server return sends a frame straight to a backend's MAC, so those backends must be
+/// directly connected to the interface; an encapsulated backend may be anywhere the routing
+/// table reaches through the interface, and its frames go to the next hop. A VIP held by another
+/// interface arrives there, not here. Every problem is reported, each at its place in the file.
+fn next_hops(
     file: &Path,
     text: &str,
     pool: &Pool,
     ifc: &Interface,
     nl: &mut netlink::Socket,
     known_vips: &[IpAddr],
-) -> Vec<config::ConfigError> {
+) -> (Vec<config::ConfigError>, HashMap<IpAddr, IpAddr>) {
     let name_of = |idx: u32| nix::net::if_::if_indextoname(idx).map_or(format!("ifindex {idx}"), |n| n.to_string_lossy().into_owned());
     let mut problems = Vec::new();
+    let mut via = HashMap::new();
     let ipv6_disabled = std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ifc.name))
         .map_or(true, |v| v.trim() == "1");
     for (si, s) in pool.services.iter().enumerate() {
@@ -279,43 +362,65 @@ fn reachability_problems(
             )),
             Some(_) => {}
         }
+        let encap = s.forward.encapsulates();
         for (bi, b) in s.backends.iter().enumerate() {
-            let why = match nl.route_get(b.address) {
-                Err(e) => Some(format!(
-                    "{} has no route from this host ({}); it must be on {}'s link",
+            let field = format!("services[{si}].backends[{bi}].address");
+            if b.address.is_ipv6() && ipv6_disabled && encap {
+                problems.push(config::field_error(file, text, &field, format!("{} is IPv6, but IPv6 is disabled on {}", b.address, ifc.name)));
+                continue;
+            }
+            let hop = match nl.route_get(b.address) {
+                Err(e) if encap => Err(format!("{} has no route from this host ({})", b.address, os_text(&e))),
+                Err(e) => Err(format!("{} has no route from this host ({}); it must be on {}'s link", b.address, os_text(&e), ifc.name)),
+                Ok(r) if r.kind == netlink::RTN_LOCAL => Err(format!(
+                    "{} is an address of this host; a backend must be another machine{}",
                     b.address,
-                    os_text(&e),
+                    if encap { String::new() } else { format!(" on {}'s link", ifc.name) }
+                )),
+                Ok(r) if r.oif != Some(ifc.ifindex) && encap => Err(format!(
+                    "{} is reached through {}, not {}; lb sends encapsulated packets back out of the interface they came in on",
+                    b.address,
+                    r.oif.map_or("no interface".to_string(), name_of),
                     ifc.name
                 )),
-                Ok(r) if r.kind == netlink::RTN_LOCAL => {
-                    Some(format!("{} is an address of this host; a backend must be another machine on {}'s link", b.address, ifc.name))
-                }
-                Ok(r) if r.oif != Some(ifc.ifindex) => Some(format!(
+                Ok(r) if r.oif != Some(ifc.ifindex) => Err(format!(
                     "{} is reached through {}, not {}; L2 direct server return needs every backend on {}'s link",
                     b.address,
                     r.oif.map_or("no interface".to_string(), name_of),
                     ifc.name,
                     ifc.name
                 )),
-                Ok(r) => r.gateway.map(|g| {
-                    format!(
-                        "{} is behind the router {g}, not on {}'s link; L2 direct server return sends frames straight to a backend's MAC",
+                Ok(r) => match r.gateway {
+                    Some(g) if encap => Ok(g),
+                    Some(g) => Err(format!(
+                        "{} is behind the router {g}, not on {}'s link; L2 direct server return sends frames straight to a \
+                         backend's MAC (`forward: ipip` or `gue` reach backends behind routers)",
                         b.address, ifc.name
-                    )
-                }),
+                    )),
+                    None => Ok(b.address),
+                },
             };
-            if let Some(why) = why {
-                problems.push(config::field_error(file, text, &format!("services[{si}].backends[{bi}].address"), why));
+            match hop {
+                Ok(n) => {
+                    via.insert(b.address, n);
+                }
+                Err(why) => problems.push(config::field_error(file, text, &field, why)),
             }
         }
     }
-    problems
+    (problems, via)
 }
 
-/// Every backend address of the pool, once each, in pool order.
-fn distinct_backends(pool: &Pool) -> Vec<IpAddr> {
+/// Every neighbour the pool's frames go to (backends on the link, next hops of the others),
+/// once each, in pool order.
+fn distinct_neighbours(pool: &Pool, via: &HashMap<IpAddr, IpAddr>) -> Vec<IpAddr> {
     let mut seen = HashSet::new();
-    pool.services.iter().flat_map(|s| &s.backends).map(|b| b.address).filter(|a| seen.insert(*a)).collect()
+    pool.services
+        .iter()
+        .flat_map(|s| &s.backends)
+        .map(|b| via.get(&b.address).copied().unwrap_or(b.address))
+        .filter(|a| seen.insert(*a))
+        .collect()
 }
 
 /// Reads the neighbour table, primes every backend without a usable entry, and waits up to
@@ -372,19 +477,19 @@ fn resolve_initial(
     Ok(Some(macs))
 }
 
-fn attach_with_mode(dp: &Dataplane, ifc: &Interface, mode: ModeArg) -> Result<link::XdpLink> {
+pub(crate) fn attach_with_mode(prog: std::os::fd::BorrowedFd<'_>, ifc: &Interface, mode: ModeArg) -> Result<link::XdpLink> {
     let refused = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc_errno) if libc_errno == nix::errno::Errno::EBUSY as i32 || libc_errno == nix::errno::Errno::EEXIST as i32);
     let first = match mode {
         ModeArg::Native | ModeArg::Auto => XdpMode::Native,
         ModeArg::Generic => XdpMode::Generic,
     };
-    match link::attach(dp.program_fd(), ifc.ifindex, first) {
+    match link::attach(prog, ifc.ifindex, first) {
         Ok(l) => Ok(l),
         // Someone attached a program since the check above.
         Err(e) if refused(&e) => Err(already_attached(ifc, link::attached(ifc.ifindex).ok().flatten())),
         Err(e) if mode == ModeArg::Auto => {
             log(format!("warning: native XDP is not available on {} ({}); falling back to generic mode, which is slower", ifc.name, os_text(&e)));
-            link::attach(dp.program_fd(), ifc.ifindex, XdpMode::Generic)
+            link::attach(prog, ifc.ifindex, XdpMode::Generic)
                 .with_context(|| format!("attaching the XDP program to {} in generic mode", ifc.name))
         }
         Err(e) => bail!(
@@ -393,6 +498,29 @@ fn attach_with_mode(dp: &Dataplane, ifc: &Interface, mode: ModeArg) -> Result<li
             first.as_str(),
             os_text(&e)
         ),
+    }
+}
+
+/// `source 10.0.0.2 (IPv4, fixed), 10.1.0.0/24 (IPv6, varies per flow)`.
+fn describe_sources(s: &EncapSources) -> String {
+    let one = |a: String, len: u8, full: u8| {
+        if len >= full {
+            format!("source {a}")
+        } else {
+            format!("source {a}/{len} (host bits vary per flow)")
+        }
+    };
+    let mut parts = Vec::new();
+    if let Some((a, len)) = s.v4 {
+        parts.push(one(a.to_string(), len, 32));
+    }
+    if let Some((a, len)) = s.v6 {
+        parts.push(one(a.to_string(), len, 128));
+    }
+    if parts.is_empty() {
+        "no source address".to_string()
+    } else {
+        parts.join(", ")
     }
 }
 
@@ -429,8 +557,12 @@ struct Server<'a> {
     /// Digest of the file content last read (applied or refused): the same content again is
     /// not reloaded, nor its error logged again.
     content: u64,
-    /// Backend addresses of the pool being served.
+    /// The neighbours the pool's frames go to (backends on the link, next hops of the others).
     backends: Vec<IpAddr>,
+    /// Each backend address's neighbour.
+    via: HashMap<IpAddr, IpAddr>,
+    sources: EncapSources,
+    mtu: u32,
     vips: Vec<IpAddr>,
     /// Backends whose resolution failed and was reported.
     failing: HashSet<IpAddr>,
@@ -629,11 +761,14 @@ impl Server<'_> {
                 let rearmed = self.watcher.as_mut().is_some_and(|w| w.arm());
                 self.reload(if rearmed { "watch re-armed" } else { "periodic check" })?;
             }
-            if now >= next_refresh {
-                next_refresh = now + NEIGHBOUR_REFRESH;
-                if nix::net::if_::if_nametoindex(self.ifc.name.as_str()).ok() != Some(self.ifc.ifindex) {
-                    bail!("{} went away; the kernel detached the program with it", self.ifc.name);
+            if now >= next_refresh || self.events.take_route_changes() {
+                if now >= next_refresh {
+                    next_refresh = now + NEIGHBOUR_REFRESH;
+                    if nix::net::if_::if_nametoindex(self.ifc.name.as_str()).ok() != Some(self.ifc.ifindex) {
+                        bail!("{} went away; the kernel detached the program with it", self.ifc.name);
+                    }
                 }
+                self.refresh_routes()?;
                 refresh_neighbours(self.dp, self.ifc, self.nl, &self.backends, &mut self.failing)?;
             }
             if let (Some(interval), Some(due)) = (self.plan.stats_interval, next_stats) {
@@ -709,7 +844,7 @@ impl Server<'_> {
             }
         };
         let text = String::from_utf8_lossy(&bytes);
-        let problems = reachability_problems(path, &text, &pool, self.ifc, self.nl, &self.vips);
+        let (problems, via) = next_hops(path, &text, &pool, self.ifc, self.nl, &self.vips);
         if !problems.is_empty() {
             log(format!("reload refused ({why}): {} cannot serve the new pool; the current tables keep serving:", self.ifc.name));
             for p in problems {
@@ -717,7 +852,26 @@ impl Server<'_> {
             }
             return Ok(());
         }
-        let backends = distinct_backends(&pool);
+        let sources = match link::interface(&self.ifc.name)
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|ifc| encap_sources(self.plan, &ifc, &pool))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+                return Ok(());
+            }
+        };
+        if sources != self.sources {
+            self.dp.set_encap_sources(sources.v4, sources.v6)?;
+            log(format!("encapsulated packets: {}", describe_sources(&sources)));
+            self.sources = sources;
+        }
+        for (&addr, &hop) in &via {
+            self.dp.set_via(addr, hop)?;
+        }
+        self.via = via.clone();
+        let backends = distinct_neighbours(&pool, &via);
         self.resolve_new(&backends)?;
         let applying = Instant::now();
         // Health of backends that stay is kept; new ones start healthy and are probed at once.
@@ -749,6 +903,50 @@ impl Server<'_> {
                 self.configured = previous;
                 self.health = kept_health;
                 log(format!("reload refused ({why}): {e:#}; the current tables keep serving"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the routing table: an encapsulated backend whose next hop changed is sent to the
+    /// new one (whose MAC the neighbour refresh then resolves); the interface's MTU is re-read.
+    /// A backend that lost its route keeps its last next hop, with a warning.
+    fn refresh_routes(&mut self) -> Result<()> {
+        let mtu = interface_mtu(self.ifc);
+        if mtu != self.mtu {
+            self.dp.set_mtu(mtu)?;
+            log(format!("{}'s MTU changed from {} to {mtu}", self.ifc.name, self.mtu));
+            self.mtu = mtu;
+        }
+        let mut seen = HashSet::new();
+        let encapsulated: Vec<IpAddr> = self
+            .configured
+            .services
+            .iter()
+            .filter(|s| s.forward.encapsulates())
+            .flat_map(|s| &s.backends)
+            .map(|b| b.address)
+            .filter(|a| seen.insert(*a))
+            .collect();
+        for addr in encapsulated {
+            let hop = match self.nl.route_get(addr) {
+                Ok(r) if r.kind != netlink::RTN_LOCAL && r.oif == Some(self.ifc.ifindex) => {
+                    self.failing.remove(&addr);
+                    r.gateway.unwrap_or(addr)
+                }
+                Ok(_) | Err(_) => {
+                    if self.failing.insert(addr) {
+                        log(format!("backend {addr} has no route out of {} any more; keeping its last next hop", self.ifc.name));
+                    }
+                    continue;
+                }
+            };
+            if self.dp.set_via(addr, hop)? {
+                log(format!("backend {addr} is now reached via {hop}"));
+                self.via.insert(addr, hop);
+                if !self.backends.contains(&hop) {
+                    self.backends.push(hop);
+                }
             }
         }
         Ok(())

@@ -12,6 +12,7 @@ use lb::config::{self, Pool, Service};
 use lb::{diff, report, table};
 
 mod attach;
+mod decap;
 mod probe;
 mod watch;
 
@@ -81,6 +82,28 @@ enum Command {
         /// Re-read the config file this often even when no change was signalled.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
         recheck_interval: std::time::Duration,
+        /// Outer source address of encapsulated (ipip, gue) packets, once per family. With a
+        /// prefix length (10.1.0.0/24), the host bits vary with the flow hash, so that backends'
+        /// receive-side scaling spreads IPIP flows. Default: the interface's first address of the
+        /// family that is not a VIP, fixed.
+        #[arg(long, value_name = "ADDR[/LEN]", value_parser = address_prefix)]
+        encap_source: Vec<(std::net::IpAddr, u8)>,
+    },
+    /// Strip lb's IPIP and GUE encapsulation from packets addressed to this host, on IFACE: the
+    /// backend side of `forward: ipip | gue`, for hosts without the kernel's tunnel drivers.
+    Decap {
+        /// The interface encapsulated packets arrive on.
+        #[arg(value_name = "IFACE")]
+        iface: String,
+        /// The UDP port GUE packets are sent to (the services' `gue_port`).
+        #[arg(long, value_name = "PORT", default_value_t = lb::config::DEFAULT_GUE_PORT,
+              value_parser = clap::value_parser!(u16).range(1..))]
+        gue_port: u16,
+        #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+        xdp_mode: attach::ModeArg,
+        /// Print the counters every SECS seconds.
+        #[arg(long, value_name = "SECS", value_parser = seconds)]
+        stats_interval: Option<std::time::Duration>,
     },
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
@@ -113,6 +136,28 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// `10.0.0.1`, `10.1.0.0/24`, `fd00::1`, `fd00:1::/96`: an address and how many leading bits
+/// stay fixed (all of them without a length).
+fn address_prefix(s: &str) -> Result<(std::net::IpAddr, u8), String> {
+    let (a, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let addr: std::net::IpAddr = a.trim().parse().map_err(|_| format!("`{a}` is not an IPv4 or IPv6 address"))?;
+    let full = if addr.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        None => full,
+        Some(l) => match l.trim().parse::<u8>() {
+            Ok(n) if n <= full && n >= full - 32 => n,
+            _ => return Err(format!("`/{l}`: expected a prefix length from {} to {full} (at most 32 bits vary)", full - 32)),
+        },
+    };
+    if addr.is_unspecified() || addr.is_multicast() {
+        return Err(format!("{addr} is not a unicast address"));
+    }
+    Ok((addr, len))
+}
+
 /// A duration in seconds, such as `5` or `0.5`.
 fn seconds(s: &str) -> Result<std::time::Duration, String> {
     let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
@@ -142,8 +187,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             resolve_timeout,
             reload_delay,
             recheck_interval,
+            encap_source,
         } => {
             drop(out);
+            let v4 = encap_source.iter().filter(|a| a.0.is_ipv4()).count();
+            if v4 > 1 || encap_source.len() - v4 > 1 {
+                bail!("--encap-source: give at most one address per family");
+            }
             // The whole pool is validated before the first syscall.
             let (pool, content) = config::load_bytes(&config).map_err(anyhow::Error::new)?;
             let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
@@ -164,8 +214,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 resolve_timeout,
                 reload_delay,
                 recheck_interval,
+                encap_sources: encap_source,
             };
             return attach::run(plan, pool, &content);
+        }
+        Command::Decap { iface, gue_port, xdp_mode, stats_interval } => {
+            drop(out);
+            return decap::run(&iface, gue_port, xdp_mode, stats_interval);
         }
         Command::Check { config } => {
             let pool = load(&config)?;

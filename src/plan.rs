@@ -20,7 +20,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use crate::config::{HashMode, Pool, Protocol, Service};
+use crate::config::{Forward, HashMode, Pool, Protocol, Service};
 use crate::table::{Table, EMPTY};
 
 /// How long a retired route id, backend id or table range waits before it is reused. Packets run
@@ -46,6 +46,9 @@ pub struct Route {
     pub hash: HashMode,
     /// Connection tracking on.
     pub conntrack: bool,
+    /// How packets reach the backends, and the GUE port.
+    pub forward: Forward,
+    pub gue_port: u16,
 }
 
 /// What a vip_index entry holds.
@@ -113,6 +116,8 @@ pub struct LiveService {
     /// True when no backend has weight: the route says 0 slots.
     pub empty: bool,
     pub conntrack: bool,
+    pub forward: Forward,
+    pub gue_port: u16,
 }
 
 /// What is installed: a mirror of the maps' contents, plus the allocators.
@@ -174,6 +179,12 @@ fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     }
     if old.conntrack != new.conntrack {
         out.push(format!("conntrack {} -> {}", on_off(old.conntrack), on_off(new.conntrack)));
+    }
+    if old.forward != new.forward {
+        out.push(format!("forward {} -> {}", old.forward.as_str(), new.forward.as_str()));
+    }
+    if old.forward == Forward::Gue && new.forward == Forward::Gue && old.gue_port != new.gue_port {
+        out.push(format!("gue_port {} -> {}", old.gue_port, new.gue_port));
     }
     let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
     let after: HashSet<&str> = new.backends.iter().map(|b| b.identity.as_str()).collect();
@@ -438,6 +449,8 @@ pub fn plan(
             owners,
             backends,
             conntrack: s.conntrack,
+            forward: s.forward,
+            gue_port: s.gue_port,
             empty: !s.backends.iter().any(|b| b.serving_weight() > 0),
         };
         let change = match old {
@@ -447,6 +460,8 @@ pub fn plan(
                     || o.hash != live.hash
                     || o.slots != live.slots
                     || o.conntrack != live.conntrack
+                    || o.forward != live.forward
+                    || o.gue_port != live.gue_port
                     || written > 0
                     || o.backends != live.backends =>
             {
@@ -482,7 +497,18 @@ pub fn plan(
     let mut per_vip: BTreeMap<(IpAddr, Protocol), Vec<&LiveService>> = BTreeMap::new();
     for s in &new_services {
         let slots = if s.empty { 0 } else { s.slots };
-        wanted.insert(s.key, Route { key: s.key, base: s.base, slots, hash: s.hash, conntrack: s.conntrack });
+        wanted.insert(
+            s.key,
+            Route {
+                key: s.key,
+                base: s.base,
+                slots,
+                hash: s.hash,
+                conntrack: s.conntrack,
+                forward: s.forward,
+                gue_port: s.gue_port,
+            },
+        );
         per_vip.entry((s.key.addr, s.key.proto)).or_default().push(s);
     }
     // Non-first IPv4 fragments carry no ports: they can follow their client's address when
@@ -495,7 +521,15 @@ pub fn plan(
         let slots = if s.empty { 0 } else { s.slots };
         wanted.insert(
             key,
-            Route { key, base: s.base, slots, hash: if routable { HashMode::ClientIp } else { HashMode::Flow }, conntrack: false },
+            Route {
+                key,
+                base: s.base,
+                slots,
+                hash: if routable { HashMode::ClientIp } else { HashMode::Flow },
+                conntrack: false,
+                forward: s.forward,
+                gue_port: s.gue_port,
+            },
         );
     }
     let mut keys: BTreeMap<RouteKey, u32> = BTreeMap::new();

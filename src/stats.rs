@@ -43,6 +43,8 @@ pub struct Snapshot {
     pub drops: Vec<(&'static str, u64)>,
     /// Connection tracking: hit, miss, new, stale.
     pub conntrack: Vec<(&'static str, u64)>,
+    /// ICMP errors about a service's flows sent to the flow's backend (part of `forwarded`).
+    pub icmp_forwarded: u64,
     pub services: Vec<ServiceCounters>,
 }
 
@@ -90,6 +92,7 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
         let ct: Vec<String> = now.conntrack.iter().map(|(name, n)| format!("{name}={n}")).collect();
         let _ = writeln!(out, "  conntrack: {}", ct.join(" "));
     }
+    let _ = writeln!(out, "  icmp: forwarded={}", now.icmp_forwarded);
     for s in &now.services {
         let ps = prev.services.iter().find(|p| p.name == s.name);
         let before = ps.map_or(0, |p| p.traffic.packets);
@@ -142,6 +145,7 @@ mod tests {
             passed: 7,
             drops: vec![("malformed", 2), ("no_mac", 3)],
             conntrack: vec![("hit", 9), ("miss", 1)],
+            icmp_forwarded: 4,
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),

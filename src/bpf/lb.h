@@ -61,6 +61,25 @@ struct lb_service {
 	__u32 slots;     /* size of that table; 0: no backend, drop */
 	__u32 hash_mode; /* enum lb_hash_mode */
 	__u32 flags;     /* enum lb_service_flags */
+	__u32 forward;   /* enum lb_forward */
+	__be16 gue_port; /* LB_FWD_GUE: the outer UDP destination port */
+	__u8 pad[2];
+};
+
+/* How a service's packets reach the backend. */
+enum lb_forward {
+	LB_FWD_L2 = 0,   /* rewrite the Ethernet addresses only: the backend is on the link */
+	LB_FWD_IPIP = 1, /* IP in IP (protocol 4 or 41), outer family = the backend's */
+	LB_FWD_GUE = 2,  /* GUE version 1 ("direct IP"): outer IP, UDP, then the inner packet */
+};
+
+/* An address of either family: a backend's (the outer destination of an encapsulated packet,
+ * value of backend_addrs) or one of the host's (key of the decap program's local_addrs).
+ * IPv4 uses addr[0] only; the rest is zero. */
+struct lb_addr {
+	__be32 addr[4];
+	__u8 family; /* enum lb_family; 0: none */
+	__u8 pad[3];
 };
 
 enum lb_service_flags {
@@ -128,6 +147,14 @@ struct lb_config {
 	__u64 ct_udp_timeout_ms; /* the same for UDP */
 	__u64 clock_ms;          /* a monotonic clock user space advances several times a second:
 				  * reading it costs a load, not a helper call */
+	/* Outer source of encapsulated packets. The bits set in *_vary (network order; for IPv6
+	 * they apply to the last 32-bit word) are taken from the flow hash, so that a backend's
+	 * receive-side scaling sees one source per flow; the rest from the base address. */
+	__be32 encap_src4;
+	__be32 encap_src4_vary;
+	__be32 encap_src6[4];
+	__be32 encap_src6_vary;
+	__u32 mtu; /* the interface's MTU: an encapsulated packet longer than this is not sent */
 };
 
 /* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason.
@@ -144,7 +171,20 @@ enum lb_stat {
 	LB_CT_MISS,            /* no entry: the table decided */
 	LB_CT_NEW,             /* an entry was made (or remade, for a stale one) */
 	LB_CT_STALE,           /* an entry whose backend is gone, unhealthy or expired: re-hashed */
+	LB_STAT_TOO_BIG,       /* too long once encapsulated: answered with ICMP frag-needed / packet too big */
+	LB_DROP_OVERSIZE,      /* too long once encapsulated, and fragmentation allowed: dropped */
+	LB_DROP_ENCAP,         /* the frame could not be grown for the outer headers, or no outer address */
+	LB_ICMP_FORWARDED,     /* an ICMP error about a service's flow, sent to that flow's backend
+				* (also counted as forwarded traffic of the backend) */
 	LB_STAT_MAX,
+};
+
+/* Counters of the backend-side decapsulation program (src/bpf/decap.bpf.c). */
+enum lb_decap_stat {
+	LB_DECAP_DONE = 0,   /* an IPIP or GUE packet for this host: outer headers stripped, passed */
+	LB_DECAP_PASSED,     /* anything else: passed unchanged */
+	LB_DECAP_MALFORMED,  /* encapsulated for this host but cut short or inconsistent: dropped */
+	LB_DECAP_STAT_MAX,
 };
 
 /* Per-service and per-backend traffic counters (per-CPU). */

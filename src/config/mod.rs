@@ -81,6 +81,35 @@ impl HashMode {
     }
 }
 
+/// How a service's packets reach its backends (`forward:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Forward {
+    /// L2 direct server return: only the Ethernet addresses change; backends on the link.
+    L2,
+    /// IP in IP: an outer IPv4 or IPv6 header to the backend, anywhere routable.
+    Ipip,
+    /// GUE (version 1, "direct IP"): outer IP and UDP to the backend's `gue_port`.
+    Gue,
+}
+
+impl Forward {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Forward::L2 => "l2",
+            Forward::Ipip => "ipip",
+            Forward::Gue => "gue",
+        }
+    }
+
+    /// Whether packets travel inside an outer IP header.
+    pub fn encapsulates(self) -> bool {
+        self != Forward::L2
+    }
+}
+
+/// The default destination port of GUE packets (`gue_port:`).
+pub const DEFAULT_GUE_PORT: u16 = 6080;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backend {
     pub address: IpAddr,
@@ -147,6 +176,10 @@ pub struct Service {
     pub health_check: Option<HealthCheck>,
     /// Established flows keep their backend through the data plane's flow table (default on).
     pub conntrack: bool,
+    /// How packets reach the backends (default l2).
+    pub forward: Forward,
+    /// The outer UDP destination port under `forward: gue`.
+    pub gue_port: u16,
 }
 
 /// How a service's backends are probed (`health_check:`).
@@ -517,6 +550,8 @@ impl Validator<'_> {
             "backends",
             "health_check",
             "conntrack",
+            "forward",
+            "gue_port",
         ];
         let f = self.mapping(node, at, KEYS)?;
 
@@ -560,6 +595,22 @@ impl Validator<'_> {
             Some(n) => self.choice(n, &at.key("hash"), &[("client-ip", HashMode::ClientIp), ("flow", HashMode::Flow)])?,
         };
 
+        let forward = match Self::get(f, "forward") {
+            None => Forward::L2,
+            Some(n) => self.choice(
+                n,
+                &at.key("forward"),
+                &[("l2", Forward::L2), ("ipip", Forward::Ipip), ("gue", Forward::Gue)],
+            )?,
+        };
+        let gue_port = match Self::get(f, "gue_port") {
+            None => DEFAULT_GUE_PORT,
+            Some(_) if forward != Forward::Gue => {
+                return Err(self.err(&at.key("gue_port"), "applies to `forward: gue` only"));
+            }
+            Some(n) => self.integer(n, &at.key("gue_port"), 1, 65535)? as u16,
+        };
+
         let backends_at = at.key("backends");
         let list = match self.required(f, at, "backends")? {
             Node::Null => &[][..],
@@ -578,11 +629,18 @@ impl Validator<'_> {
         for (j, bnode) in list.iter().enumerate() {
             let bat = backends_at.index(j);
             let b = self.backend(bnode, &bat)?;
-            if b.address.is_ipv4() != vip.is_ipv4() {
+            // Encapsulation carries either family in either (the backend's address is the outer
+            // destination); L2 forwarding hands the backend the client's packet as it is.
+            if b.address.is_ipv4() != vip.is_ipv4() && !forward.encapsulates() {
                 let fam = |a: IpAddr| if a.is_ipv4() { "IPv4" } else { "IPv6" };
                 return Err(self.err(
                     &bat.key("address"),
-                    format!("{} is {} but the service's vip {vip} is {}", b.address, fam(b.address), fam(vip)),
+                    format!(
+                        "{} is {} but the service's vip {vip} is {}; `forward: l2` needs one family (ipip and gue carry either)",
+                        b.address,
+                        fam(b.address),
+                        fam(vip)
+                    ),
                 ));
             }
             if !addresses.insert(b.address) {
@@ -621,6 +679,8 @@ impl Validator<'_> {
             backends,
             health_check,
             conntrack,
+            forward,
+            gue_port,
         };
         if algorithm == Algorithm::Ring {
             let tokens = svc.total_weight() * vnodes_per_weight as u64;
@@ -854,6 +914,15 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn encapsulating_services_carry_either_family_and_default_to_l2() {
+        let text = "services:\n  - name: a\n    vip: 10.0.0.1\n    port: 80\n    forward: ipip\n    backends: [10.1.0.1, 'fd00::1']\n  - name: b\n    vip: 'fd00::100'\n    port: 80\n    forward: gue\n    gue_port: 7000\n    backends: [10.1.0.1]\n  - name: c\n    vip: 10.0.0.1\n    port: 81\n    backends: [10.1.0.1]\n";
+        let p = parse_str("p.yaml", text).expect("valid");
+        assert_eq!((p.services[0].forward, p.services[0].gue_port), (Forward::Ipip, DEFAULT_GUE_PORT));
+        assert_eq!((p.services[1].forward, p.services[1].gue_port), (Forward::Gue, 7000));
+        assert_eq!(p.services[2].forward, Forward::L2);
+    }
 
     #[test]
     fn primes() {

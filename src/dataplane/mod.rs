@@ -2,6 +2,7 @@
 //! that the kernel-free core built into its maps, attaches it ([`link`]) and asks the network
 //! stack about routes and neighbours ([`netlink`]).
 
+pub mod decap;
 pub mod link;
 pub mod netlink;
 
@@ -15,7 +16,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::config::{HashMode, Pool, Protocol};
+use crate::config::{Forward, HashMode, Pool, Protocol};
 use crate::plan;
 use crate::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
 use crate::table;
@@ -48,8 +49,12 @@ pub struct Dataplane {
     limits: plan::Limits,
     /// A mirror of what the maps hold, and the allocators: what the next change starts from.
     state: plan::State,
-    /// Each backend address's MAC, when known.
+    /// Each neighbour's MAC, when known: a backend's own (l2, or encapsulated on the link) or
+    /// its next hop's.
     macs: HashMap<IpAddr, [u8; 6]>,
+    /// The neighbour that frames to a backend address go to, where it is not the backend itself
+    /// (an encapsulated backend behind a router).
+    via: HashMap<IpAddr, IpAddr>,
     /// Reuses ring tokens from one change to the next.
     builder: table::Builder,
     /// Each backend id's generation (see lb.h, struct lb_flow).
@@ -108,10 +113,12 @@ impl Dataplane {
             limits,
             state: plan::State::default(),
             macs: HashMap::new(),
+            via: HashMap::new(),
             builder: Default::default(),
             gens: HashMap::new(),
         };
         dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
+        dp.set_mtu(1500)?;
         dp.tick()?;
         Ok(dp)
     }
@@ -135,6 +142,33 @@ impl Dataplane {
         Ok(())
     }
 
+    /// The interface's MTU: an encapsulated packet longer than this is answered with "too big"
+    /// (or dropped) instead of sent.
+    pub fn set_mtu(&mut self, mtu: u32) -> Result<()> {
+        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
+        bss.lb_settings.mtu = mtu;
+        Ok(())
+    }
+
+    /// The outer source of encapsulated packets, per family: an address and how many of its
+    /// leading bits stay fixed (the rest come from the flow hash; 32 or 128: one fixed address).
+    /// For IPv6 at most the last 32 bits vary.
+    pub fn set_encap_sources(&mut self, v4: Option<(std::net::Ipv4Addr, u8)>, v6: Option<(std::net::Ipv6Addr, u8)>) -> Result<()> {
+        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
+        let s = &mut bss.lb_settings;
+        if let Some((a, len)) = v4 {
+            s.encap_src4 = u32::from_ne_bytes(a.octets());
+            s.encap_src4_vary = host_mask_be(len, 32);
+        }
+        if let Some((a, len)) = v6 {
+            for (i, c) in a.octets().chunks(4).enumerate() {
+                s.encap_src6[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            s.encap_src6_vary = host_mask_be(len.max(96) - 96, 32);
+        }
+        Ok(())
+    }
+
     /// Advances the data plane's clock (lb_config.clock_ms) to now. Connection tracking ages
     /// flows by it, so whoever runs the data plane calls this several times a second.
     pub fn tick(&mut self) -> Result<()> {
@@ -145,16 +179,41 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Installs `pool` on fresh maps: the interface's MAC, each backend's MAC from `mac_of`
-    /// (None: unknown), then [`Dataplane::apply`].
+    /// Installs `pool` on fresh maps: the interface's MAC, each backend's neighbour's MAC from
+    /// `mac_of` (None: unknown; the neighbour is the backend itself unless [`Dataplane::set_via`]
+    /// said otherwise), then [`Dataplane::apply`].
     pub fn install(&mut self, pool: &Pool, ifmac: [u8; 6], mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> Result<Applied> {
         self.set_ifmac(ifmac)?;
         for b in pool.services.iter().flat_map(|s| &s.backends) {
-            if let Some(mac) = mac_of(b.address) {
-                self.macs.insert(b.address, mac);
+            let n = self.neighbour_of(b.address);
+            if let Some(mac) = mac_of(n) {
+                self.macs.insert(n, mac);
             }
         }
         self.apply(pool)
+    }
+
+    /// The neighbour that frames for backend `addr` are sent to.
+    pub fn neighbour_of(&self, addr: IpAddr) -> IpAddr {
+        self.via.get(&addr).copied().unwrap_or(addr)
+    }
+
+    /// Sends frames for backend `addr` to `neighbour` (its next hop; itself when on the link).
+    /// Rewrites the records of the backends at `addr` when that changes their MAC. Returns
+    /// whether the neighbour changed.
+    pub fn set_via(&mut self, addr: IpAddr, neighbour: IpAddr) -> Result<bool> {
+        if self.neighbour_of(addr) == neighbour {
+            return Ok(false);
+        }
+        if neighbour == addr {
+            self.via.remove(&addr);
+        } else {
+            self.via.insert(addr, neighbour);
+        }
+        for (id, alive) in self.ids_at(|a| a == addr) {
+            self.write_backend(id, addr, alive)?;
+        }
+        Ok(true)
     }
 
     /// Changes the maps from what they hold to `pool`, writing only what differs, in an order
@@ -196,7 +255,7 @@ impl Dataplane {
     fn execute(&mut self, op: &plan::Op) -> Result<()> {
         let maps = &self.skel.maps;
         match op {
-            plan::Op::Backend { id, address, alive } => self.write_backend(*id, self.macs.get(address).copied(), *alive)?,
+            plan::Op::Backend { id, address, alive } => self.write_backend(*id, *address, *alive)?,
             plan::Op::ResetCounters { id } => {
                 let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
                 maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
@@ -233,7 +292,13 @@ impl Dataplane {
         Ok(())
     }
 
-    fn write_backend(&self, id: u32, mac: Option<[u8; 6]>, alive: bool) -> Result<()> {
+    /// Writes backend `id`'s address (the outer destination of encapsulated packets), then its
+    /// record: its neighbour's MAC as known now.
+    fn write_backend(&self, id: u32, address: IpAddr, alive: bool) -> Result<()> {
+        let mac = self.macs.get(&self.neighbour_of(address)).copied();
+        let (addr, family) = addr_words(address);
+        let to = types::lb_addr { addr, family, ..Default::default() };
+        self.skel.maps.backend_addrs.update(&id.to_ne_bytes(), bytes_of(&to), MapFlags::ANY)?;
         let rec = types::lb_backend {
             mac: mac.unwrap_or([0; 6]),
             flags: if mac.is_some() { LB_BACKEND_MAC_KNOWN } else { 0 } | if alive { LB_BACKEND_ALIVE } else { 0 },
@@ -243,9 +308,9 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Points every backend at `addr` to `mac` (None: unknown, its packets are dropped as
-    /// `no_mac`). Returns whether anything changed. One 8-byte value per backend id, so a packet
-    /// sees the old MAC or the new one.
+    /// Points every backend whose frames go to neighbour `addr` to `mac` (None: unknown, its
+    /// packets are dropped as `no_mac`). Returns whether anything changed. One 8-byte value per
+    /// backend id, so a packet sees the old MAC or the new one.
     pub fn set_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> Result<bool> {
         if self.macs.get(&addr).copied() == mac {
             return Ok(false);
@@ -254,21 +319,27 @@ impl Dataplane {
             Some(m) => self.macs.insert(addr, m),
             None => self.macs.remove(&addr),
         };
-        let ids: Vec<(u32, bool)> = self
-            .state
-            .services
-            .iter()
-            .flat_map(|s| &s.backends)
-            .filter(|b| b.address == addr)
-            .map(|b| (b.id, b.state != crate::config::BackendState::Down))
-            .collect();
-        for (id, alive) in ids {
-            self.write_backend(id, mac, alive)?;
+        for (id, alive) in self.ids_at(|a| self.neighbour_of(a) == addr) {
+            let address = self.state.services.iter().flat_map(|s| &s.backends).find(|b| b.id == id).map(|b| b.address);
+            if let Some(address) = address {
+                self.write_backend(id, address, alive)?;
+            }
         }
         Ok(true)
     }
 
-    /// The MAC known for `addr`.
+    /// The installed backend ids whose address satisfies `at`, with whether each is alive.
+    fn ids_at(&self, at: impl Fn(IpAddr) -> bool) -> Vec<(u32, bool)> {
+        self.state
+            .services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .filter(|b| at(b.address))
+            .map(|b| (b.id, b.state != crate::config::BackendState::Down))
+            .collect()
+    }
+
+    /// The MAC known for neighbour `addr`.
     pub fn mac(&self, addr: IpAddr) -> Option<[u8; 6]> {
         self.macs.get(&addr).copied()
     }
@@ -287,12 +358,16 @@ impl Dataplane {
             ("no_mac", S::LB_DROP_NO_MAC),
             ("fragment", S::LB_DROP_FRAGMENT),
             ("no_table", S::LB_DROP_NO_TABLE),
+            ("too_big", S::LB_STAT_TOO_BIG),
+            ("oversize", S::LB_DROP_OVERSIZE),
+            ("encap", S::LB_DROP_ENCAP),
         ];
         let mut snap = Snapshot {
             forwarded: 0,
             passed: self.stat(S::LB_STAT_PASSED)?,
             drops: Vec::with_capacity(drops.len()),
             conntrack: Vec::with_capacity(4),
+            icmp_forwarded: self.stat(S::LB_ICMP_FORWARDED)?,
             services: Vec::with_capacity(self.state.services.len()),
         };
         for (name, stat) in drops {
@@ -308,7 +383,7 @@ impl Dataplane {
                     label: b.identity.clone(),
                     address: b.address,
                     weight: b.weight,
-                    mac_known: self.macs.contains_key(&b.address),
+                    mac_known: self.macs.contains_key(&self.neighbour_of(b.address)),
                     health: None,
                     traffic: traffic(&self.skel.maps.backend_traffic, b.id)?,
                 });
@@ -451,6 +526,37 @@ fn route_value(r: &plan::Route) -> types::lb_service {
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
         flags: if r.conntrack { types::lb_service_flags::LB_SVC_CONNTRACK.0 } else { 0 },
+        forward: match r.forward {
+            Forward::L2 => types::lb_forward::LB_FWD_L2.0,
+            Forward::Ipip => types::lb_forward::LB_FWD_IPIP.0,
+            Forward::Gue => types::lb_forward::LB_FWD_GUE.0,
+        },
+        gue_port: r.gue_port.to_be(),
+        pad: [0; 2],
+    }
+}
+
+/// The bits of a 32-bit word past its first `fixed` bits, as a mask in network order.
+fn host_mask_be(fixed: u8, width: u8) -> u32 {
+    let fixed = fixed.min(width) as u32;
+    let host = if fixed == 0 { u32::MAX } else { u32::MAX.checked_shr(fixed).unwrap_or(0) };
+    host.to_be()
+}
+
+/// An address as the data plane's four words (network order) and family.
+pub fn addr_words(a: IpAddr) -> ([u32; 4], u8) {
+    let mut addr = [0u32; 4];
+    match a {
+        IpAddr::V4(a) => {
+            addr[0] = u32::from_ne_bytes(a.octets());
+            (addr, types::lb_family::LB_FAMILY_V4.0 as u8)
+        }
+        IpAddr::V6(a) => {
+            for (i, c) in a.octets().chunks(4).enumerate() {
+                addr[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            (addr, types::lb_family::LB_FAMILY_V6.0 as u8)
+        }
     }
 }
 
@@ -481,19 +587,7 @@ fn vip_index(k: &types::lb_service_key) -> u32 {
 }
 
 fn service_key(vip: IpAddr, port: u16, proto: Protocol) -> types::lb_service_key {
-    let mut addr = [0u32; 4];
-    let family = match vip {
-        IpAddr::V4(a) => {
-            addr[0] = u32::from_ne_bytes(a.octets());
-            types::lb_family::LB_FAMILY_V4.0 as u8
-        }
-        IpAddr::V6(a) => {
-            for (i, c) in a.octets().chunks(4).enumerate() {
-                addr[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            types::lb_family::LB_FAMILY_V6.0 as u8
-        }
-    };
+    let (addr, family) = addr_words(vip);
     types::lb_service_key {
         addr,
         port: port.to_be(),

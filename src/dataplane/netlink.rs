@@ -37,6 +37,10 @@ const NDA_LLADDR: u16 = 2;
 
 /// The multicast group of neighbour-table changes (1 << (RTNLGRP_NEIGH - 1)).
 const RTMGRP_NEIGH: u32 = 4;
+/// The multicast groups of IPv4 and IPv6 routing-table changes.
+const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+const RTMGRP_IPV6_ROUTE: u32 = 0x400;
+const RTM_DELROUTE: u16 = 25;
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -99,6 +103,8 @@ pub fn state_name(state: u16) -> &'static str {
 pub struct Socket {
     fd: OwnedFd,
     seq: u32,
+    /// A route was added or removed since [`Socket::take_route_changes`] was last asked.
+    routes_changed: bool,
 }
 
 impl AsFd for Socket {
@@ -113,15 +119,21 @@ impl Socket {
         Self::open_groups(0, SockFlag::SOCK_CLOEXEC)
     }
 
-    /// A non-blocking socket that receives every neighbour-table change.
+    /// A non-blocking socket that receives every neighbour-table change, and hears of every
+    /// routing-table change (see [`Socket::take_route_changes`]).
     pub fn neighbour_events() -> io::Result<Socket> {
-        Self::open_groups(RTMGRP_NEIGH, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK)
+        Self::open_groups(RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK)
+    }
+
+    /// Whether a route changed since the last call (seen while draining events).
+    pub fn take_route_changes(&mut self) -> bool {
+        std::mem::take(&mut self.routes_changed)
     }
 
     fn open_groups(groups: u32, flags: SockFlag) -> io::Result<Socket> {
         let fd = socket(AddressFamily::Netlink, SockType::Raw, flags, SockProtocol::NetlinkRoute)?;
         bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
-        Ok(Socket { fd, seq: 0 })
+        Ok(Socket { fd, seq: 0, routes_changed: false })
     }
 
     /// `ip route get ADDR`. Err(ENETUNREACH) and the like when the kernel has no route.
@@ -175,11 +187,18 @@ impl Socket {
             let n = match recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
                 Ok(n) => n,
                 Err(Errno::EAGAIN) => return Ok(out),
+                // Events were lost: routes may have changed too.
+                Err(Errno::ENOBUFS) => {
+                    self.routes_changed = true;
+                    return Err(Errno::ENOBUFS.into());
+                }
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             };
             for (ty, _, payload) in messages(&buf[..n]) {
-                if let Some(nb) = parse_neighbour(ty, payload) {
+                if ty == RTM_NEWROUTE || ty == RTM_DELROUTE {
+                    self.routes_changed = true;
+                } else if let Some(nb) = parse_neighbour(ty, payload) {
                     out.push(nb);
                 }
             }

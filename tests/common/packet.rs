@@ -63,6 +63,8 @@ pub struct V4Opts {
     pub more_fragments: bool,
     /// Fragment offset in 8-byte units; non-zero means no L4 header in this fragment.
     pub frag_offset: u16,
+    /// Don't-fragment flag.
+    pub dont_fragment: bool,
 }
 
 pub fn csum(bytes: &[u8]) -> u16 {
@@ -95,7 +97,7 @@ pub fn ipv4(vlan: Option<u16>, src: Ipv4Addr, dst: Ipv4Addr, l4: L4, opts: &V4Op
     let mut ip = vec![0x40 | (hlen / 4) as u8, 0];
     ip.extend_from_slice(&((hlen + body.len()) as u16).to_be_bytes());
     ip.extend_from_slice(&0x1234u16.to_be_bytes());
-    let frag = (if opts.more_fragments { 0x2000 } else { 0 }) | opts.frag_offset;
+    let frag = (if opts.more_fragments { 0x2000 } else { 0 }) | (if opts.dont_fragment { 0x4000 } else { 0 }) | opts.frag_offset;
     ip.extend_from_slice(&frag.to_be_bytes());
     ip.extend_from_slice(&[64, l4.proto(), 0, 0]);
     ip.extend_from_slice(&src.octets());

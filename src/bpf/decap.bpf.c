@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* The backend side of encapsulated forwarding (`lb decap IFACE`), for hosts whose kernel has no
+ * ipip/ip6tnl/fou driver: an IPIP (protocol 4 or 41) or GUE (UDP to the configured port, version
+ * 0 with inner protocol 4 or 41, or version 1 "direct IP") packet addressed to one of this host's
+ * addresses loses its outer headers here and goes on to the kernel's stack as the inner packet,
+ * unchanged. Everything else passes untouched. An encapsulated packet for this host that is cut
+ * short or inconsistent (bad outer checksum or lengths, inner header missing) is dropped and
+ * counted: decapsulating it would hand the stack something the outer checks did not vouch for. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "lb.h"
+#include "parse.h"
+#include "csum.h"
+
+#define IPPROTO_IPIP_ 4
+#define IPPROTO_IPV6_ 41
+
+/* This host's addresses (user space keeps it in step with the interfaces'). Only packets whose
+ * outer destination is one of them are decapsulated: a router's transit traffic never is. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct lb_addr);
+	__type(value, __u8);
+} local_addrs SEC(".maps");
+
+/* Counters, indexed by enum lb_decap_stat. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_DECAP_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} decap_stats SEC(".maps");
+
+/* The GUE port (network order), set by user space before loading. */
+const volatile __be16 gue_port = 0;
+
+const volatile enum lb_decap_stat lb_decap_stat_btf = LB_DECAP_STAT_MAX;
+
+static __always_inline int dcount(__u32 stat, int action)
+{
+	__u64 *v = bpf_map_lookup_elem(&decap_stats, &stat);
+
+	if (v)
+		*v += 1;
+	return action;
+}
+
+static __always_inline int is_local(const __u32 a[4], __u8 family)
+{
+	struct lb_addr key = {};
+
+	__builtin_memcpy(key.addr, a, 16);
+	key.family = family;
+	return bpf_map_lookup_elem(&local_addrs, &key) != NULL;
+}
+
+/* What follows the outer IP header: how many more bytes to strip and the inner family.
+ * Returns 1 (decapsulate), 0 (not ours: pass) or -1 (ours but malformed: drop). */
+static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, __u8 *family)
+{
+	if (proto == IPPROTO_IPIP_ || proto == IPPROTO_IPV6_) {
+		*family = proto == IPPROTO_IPIP_ ? LB_FAMILY_V4 : LB_FAMILY_V6;
+		return 1;
+	}
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *udp = take(c, sizeof(*udp));
+		__u8 *first;
+
+		if (!udp)
+			return 0;
+		if (udp->dest != gue_port)
+			return 0;
+		if (bpf_ntohs(udp->len) < sizeof(*udp) + 1 || bpf_ntohs(udp->len) > (__u32)(c->end - (void *)udp))
+			return -1;
+		*strip += sizeof(*udp);
+		first = take(c, 1);
+		if (!first)
+			return -1;
+		c->pos = first;
+		switch (*first >> 6) {
+		case 1: /* version 1: the inner IP packet itself; its version nibble says which */
+			if ((*first >> 4) == 4)
+				*family = LB_FAMILY_V4;
+			else if ((*first >> 4) == 6)
+				*family = LB_FAMILY_V6;
+			else
+				return -1;
+			return 1;
+		case 0: { /* version 0: a 4-byte header, hlen words of options, inner protocol */
+			__u8 *h = take(c, 4);
+			__u32 hlen;
+
+			if (!h)
+				return -1;
+			if (h[0] & 0x20) /* a control message: for the stack, not a packet to unwrap */
+				return 0;
+			if (h[1] == IPPROTO_IPIP_)
+				*family = LB_FAMILY_V4;
+			else if (h[1] == IPPROTO_IPV6_)
+				*family = LB_FAMILY_V6;
+			else
+				return 0;
+			hlen = (h[0] & 0x1f) * 4;
+			if (hlen && !take(c, hlen))
+				return -1;
+			*strip += 4 + hlen;
+			return 1;
+		}
+		default:
+			return -1;
+		}
+	}
+	return 0;
+}
+
+SEC("xdp")
+int lb_decap(struct xdp_md *ctx)
+{
+	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
+	__u32 l2len = sizeof(struct ethhdr), strip, a[4] = {}, tag = 0;
+	__u8 family = 0, macs[12];
+	struct ethhdr *eth;
+	void *data, *l3;
+	__u16 proto;
+	int verdict;
+
+	eth = take(&c, sizeof(*eth));
+	if (!eth)
+		return dcount(LB_DECAP_PASSED, XDP_PASS);
+	proto = eth->h_proto;
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		struct vlan_hdr *vh = take(&c, sizeof(*vh));
+
+		if (!vh)
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		tag = *(__u32 *)((void *)eth + 12);
+		proto = vh->h_vlan_encapsulated_proto;
+		l2len += sizeof(*vh);
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = take(&c, sizeof(*ip));
+		__u32 hlen;
+
+		if (!ip || ip->version != 4 || ip->ihl != 5)
+			return dcount(LB_DECAP_PASSED, XDP_PASS); /* options: never ours, lb sends none */
+		if (ip->protocol != IPPROTO_IPIP_ && ip->protocol != IPPROTO_IPV6_ && ip->protocol != IPPROTO_UDP)
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		/* Fragments go to the stack, which reassembles (and, with no tunnel driver, drops). */
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		a[0] = ip->daddr;
+		if (!is_local(a, LB_FAMILY_V4))
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		hlen = sizeof(*ip);
+		strip = hlen;
+		verdict = inner_of(&c, ip->protocol, &strip, &family);
+		if (verdict == 0)
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		if (verdict < 0 || ipv4_csum_ok(ip) == 0 || bpf_ntohs(ip->tot_len) > (__u32)(c.end - (void *)ip) ||
+		    bpf_ntohs(ip->tot_len) < strip)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = take(&c, sizeof(*ip6));
+
+		if (!ip6 || ip6->version != 6)
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		if (ip6->nexthdr != IPPROTO_IPIP_ && ip6->nexthdr != IPPROTO_IPV6_ && ip6->nexthdr != IPPROTO_UDP)
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		__builtin_memcpy(a, &ip6->daddr, 16);
+		if (!is_local(a, LB_FAMILY_V6))
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		strip = sizeof(*ip6);
+		verdict = inner_of(&c, ip6->nexthdr, &strip, &family);
+		if (verdict == 0)
+			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		if (verdict < 0 || sizeof(*ip6) + bpf_ntohs(ip6->payload_len) > (__u32)(c.end - (void *)ip6) ||
+		    sizeof(*ip6) + bpf_ntohs(ip6->payload_len) < strip)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	} else {
+		return dcount(LB_DECAP_PASSED, XDP_PASS);
+	}
+
+	/* The inner header must be all there, and of the family the outer headers promised. */
+	l3 = (void *)(long)ctx->data + l2len;
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = l3 + strip;
+
+		if ((void *)(in + 1) > c.end || in->version != 4 || in->ihl < 5)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	} else {
+		struct ipv6hdr *in = l3 + strip;
+
+		if ((void *)(in + 1) > c.end || in->version != 6)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	}
+
+	__builtin_memcpy(macs, eth, 12);
+	if (bpf_xdp_adjust_head(ctx, (int)strip))
+		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	data = (void *)(long)ctx->data;
+	c.end = (void *)(long)ctx->data_end;
+	if (data + 18 > c.end)
+		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	__builtin_memcpy(data, macs, 12);
+	proto = family == LB_FAMILY_V4 ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
+	if (l2len == 18) {
+		*(__u32 *)(data + 12) = tag;
+		*(__u16 *)(data + 16) = proto;
+	} else {
+		*(__u16 *)(data + 12) = proto;
+	}
+	return dcount(LB_DECAP_DONE, XDP_PASS);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Encapsulation: IP in IP, or GUE, towards a backend anywhere routable. The frame grows at the
+ * front by the outer headers (bpf_xdp_adjust_head), the inner packet stays byte for byte what
+ * the client sent, and the frame goes back out of the interface to the next hop's MAC.
+ *
+ * Outer IPv4: header checksum computed, DF copied from the inner packet (always set for an
+ * inner IPv6 packet, which routers never fragment), TTL 64, TOS copied. Outer IPv6: traffic
+ * class copied, the flow label from the flow hash, hop limit 64. The outer source is the
+ * configured encapsulation source with the bits lb_config says vary taken from the flow hash.
+ * GUE is version 1 ("direct IP", RFC draft-ietf-intarea-gue section 4): the UDP payload is the
+ * inner IP packet itself, which Linux's fou in gue mode decapsulates; its UDP source port comes
+ * from the flow hash and its checksum is zero (no payload to cover but the inner packet, whose
+ * own checksums stand). */
+#ifndef LB_ENCAP_H
+#define LB_ENCAP_H
+
+#define IPPROTO_IPIP_ 4
+#define IPPROTO_IPV6_ 41
+
+/* The outer protocol for an inner packet of `family` when the service uses `forward`. */
+static __always_inline __u8 outer_proto(__u32 forward, __u8 family)
+{
+	if (forward == LB_FWD_GUE)
+		return IPPROTO_UDP;
+	return family == LB_FAMILY_V4 ? IPPROTO_IPIP_ : IPPROTO_IPV6_;
+}
+
+/* The GUE header (a UDP header) behind the outer IP header at `udp`. */
+static __always_inline void write_gue(struct udphdr *udp, const struct pkt *p, __be16 port)
+{
+	/* Ephemeral range (49152..65535), 14 bits from the hash's upper half. */
+	udp->source = bpf_htons(0xc000 | ((p->hash >> 16) & 0x3fff));
+	udp->dest = port;
+	udp->len = bpf_htons(sizeof(*udp) + p->l3len);
+	udp->check = 0;
+}
+
+/* Sends the packet at p to backend `id` (record `be`: the next hop's MAC) inside an outer
+ * header of the backend's family. */
+static __always_inline int encap(struct pkt *p, const struct lb_service *svc, __u32 id, const struct lb_backend *be)
+{
+	struct xdp_md *ctx = p->ctx;
+	struct lb_addr *to = bpf_map_lookup_elem(&backend_addrs, &id);
+	__u32 l2len = p->l2len == 18 ? 18 : 14;
+	__u32 gue = svc->forward == LB_FWD_GUE ? sizeof(struct udphdr) : 0;
+	__be16 gue_port = svc->gue_port;
+	struct l2_saved l2 = {};
+	__u32 overhead, frame;
+	__u8 proto, mac[6];
+	void *data, *end;
+
+	if (!to || (to->family != LB_FAMILY_V4 && to->family != LB_FAMILY_V6))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	overhead = (to->family == LB_FAMILY_V4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + gue;
+	if (lb_settings.mtu && p->l3len + overhead > lb_settings.mtu)
+		return too_big(p, lb_settings.mtu - overhead);
+	proto = outer_proto(svc->forward, p->family);
+	__builtin_memcpy(mac, be->mac, 6);
+
+	l2_save(p, &l2);
+	/* Ethernet padding behind a short IP packet would end up inside the tunnel: cut it. */
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	frame = end - data;
+	if (frame > l2len + p->l3len && bpf_xdp_adjust_tail(ctx, (int)(l2len + p->l3len) - (int)frame))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	if (bpf_xdp_adjust_head(ctx, -(int)overhead))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+
+	if (to->family == LB_FAMILY_V4) {
+		struct iphdr *ip = l2_write(ctx, l2len, mac, lb_settings.ifmac, l2.tag, bpf_htons(ETH_P_IP),
+					    sizeof(struct iphdr) + sizeof(struct udphdr));
+		__be32 vary = lb_settings.encap_src4_vary;
+
+		if (!ip)
+			return count(LB_DROP_ENCAP, XDP_DROP);
+		*(__u8 *)ip = 0x45;
+		ip->tos = p->tos;
+		ip->tot_len = bpf_htons(p->l3len + overhead);
+		/* With DF the id means nothing (RFC 6864); without it, fragments of different
+		 * packets must not share one. */
+		ip->id = p->df ? 0 : (__u16)bpf_get_prandom_u32();
+		ip->frag_off = p->df ? bpf_htons(IP_DF) : 0;
+		ip->ttl = 64;
+		ip->protocol = proto;
+		ip->check = 0;
+		ip->saddr = (lb_settings.encap_src4 & ~vary) | (p->hash & vary);
+		ip->daddr = to->addr[0];
+		ip->check = ipv4_csum(ip);
+		if (gue)
+			write_gue((void *)(ip + 1), p, gue_port);
+	} else {
+		struct ipv6hdr *ip6 = l2_write(ctx, l2len, mac, lb_settings.ifmac, l2.tag, bpf_htons(ETH_P_IPV6),
+					       sizeof(struct ipv6hdr) + sizeof(struct udphdr));
+		__be32 vary = lb_settings.encap_src6_vary;
+
+		if (!ip6)
+			return count(LB_DROP_ENCAP, XDP_DROP);
+		*(__be32 *)ip6 = bpf_htonl(0x60000000 | (__u32)p->tos << 20 | (p->hash & 0xfffff));
+		ip6->payload_len = bpf_htons(p->l3len + gue);
+		ip6->nexthdr = proto;
+		ip6->hop_limit = 64;
+		__builtin_memcpy(&ip6->saddr, lb_settings.encap_src6, 12);
+		ip6->saddr.in6_u.u6_addr32[3] = (lb_settings.encap_src6[3] & ~vary) | (p->hash & vary);
+		__builtin_memcpy(&ip6->daddr, to->addr, 16);
+		if (gue)
+			write_gue((void *)(ip6 + 1), p, gue_port);
+	}
+	add_traffic(id, p->bytes);
+	return XDP_TX;
+}
+
+#endif /* LB_ENCAP_H */

@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* "Fragmentation needed" (ICMP type 3 code 4) and "packet too big" (ICMPv6 type 2), built in
+ * place from a client's packet that would exceed the interface's MTU once encapsulated, and sent
+ * back to the client from the VIP with XDP_TX. The client's stack then lowers its path MTU for
+ * the VIP and sends smaller packets. Rare by nature (once per client and path), so these use a
+ * checksum loop rather than anything clever. */
+#ifndef LB_ICMP_H
+#define LB_ICMP_H
+
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_FRAG_NEEDED_ 4
+#define ICMPV6_DEST_UNREACH_ 1
+#define ICMPV6_PKT_TOOBIG_ 2
+
+/* IPv6: how much of the client's packet the answer quotes (its headers, which is what the
+ * client's stack needs to find the connection; RFC 4443 allows any amount up to 1280 bytes). */
+#define LB_TOOBIG6_QUOTE 192
+
+/* The L2 header of the frame: what an answer or an encapsulated frame keeps of it. */
+struct l2_saved {
+	__u8 peer[6]; /* the frame's source MAC */
+	__u32 tag;    /* the 802.1Q/802.1ad tag (TPID and TCI, as in the frame), if l2len is 18 */
+};
+
+static __always_inline void l2_save(const struct pkt *p, struct l2_saved *s)
+{
+	void *data = (void *)(long)p->ctx->data;
+	void *end = (void *)(long)p->ctx->data_end;
+
+	if (data + 18 <= end && p->l2len == 18)
+		s->tag = *(__u32 *)(data + 12);
+	__builtin_memcpy(s->peer, p->eth->h_source, 6);
+}
+
+/* Writes the L2 header at the start of the frame: MACs, the tag kept, ethertype. Returns the
+ * start of the L3 header, or NULL if the frame is shorter than `need` bytes past it. */
+static __always_inline void *l2_write(struct xdp_md *ctx, __u32 l2len, const __u8 *dst, const __u8 *src,
+				      __u32 tag, __u16 ethertype_be, __u32 need)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	void *l3;
+
+	if (l2len == 18) {
+		l3 = data + 18;
+		if (l3 + need > end)
+			return NULL;
+		*(__u32 *)(data + 12) = tag;
+		*(__u16 *)(data + 16) = ethertype_be;
+	} else {
+		l3 = data + 14;
+		if (l3 + need > end)
+			return NULL;
+		*(__u16 *)(data + 12) = ethertype_be;
+	}
+	__builtin_memcpy(data, dst, 6);
+	__builtin_memcpy(data + 6, src, 6);
+	return l3;
+}
+
+/* IPv4: the client's packet (at p, DF set) becomes "fragmentation needed, next-hop MTU `mtu`",
+ * from the VIP to the client, quoting the client's IP header and the first 8 bytes after it. */
+static __always_inline int too_big4(struct pkt *p, __u32 mtu)
+{
+	struct xdp_md *ctx = p->ctx;
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 l2len = p->l2len == 18 ? 18 : 14;
+	struct iphdr *in = data + l2len;
+	struct l2_saved l2 = {};
+	struct iphdr *ip;
+	struct icmphdr *ic;
+	__be32 client, vip;
+	__u32 hlen, len;
+
+	if ((void *)(in + 1) > end)
+		return count(LB_DROP_MALFORMED, XDP_DROP);
+	hlen = in->ihl * 4;
+	if (hlen < 20 || hlen > 60)
+		return count(LB_DROP_MALFORMED, XDP_DROP);
+	client = in->saddr;
+	vip = in->daddr;
+	l2_save(p, &l2);
+	/* Room for the new IP and ICMP headers in front: the client's IP header then lies right
+	 * behind them, where the quote belongs. */
+	if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(struct iphdr) + sizeof(struct icmphdr))))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	len = l2len + sizeof(struct iphdr) + sizeof(struct icmphdr) + hlen + 8;
+	if (bpf_xdp_adjust_tail(ctx, (int)len - (int)(end - data)))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	ip = l2_write(ctx, l2len, l2.peer, lb_settings.ifmac, l2.tag, bpf_htons(ETH_P_IP),
+		      sizeof(*ip) + sizeof(*ic));
+	if (!ip)
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	end = (void *)(long)ctx->data_end;
+	ic = (void *)(ip + 1);
+	*(__u8 *)ip = 0x45;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*ic) + hlen + 8);
+	ip->id = 0;
+	ip->frag_off = 0;
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_ICMP;
+	ip->check = 0;
+	ip->saddr = vip;
+	ip->daddr = client;
+	ip->check = ipv4_csum(ip);
+	ic->type = ICMP_DEST_UNREACH_;
+	ic->code = ICMP_FRAG_NEEDED_;
+	ic->checksum = 0;
+	ic->un.frag.__unused = 0;
+	ic->un.frag.mtu = bpf_htons(mtu);
+	ic->checksum = csum_fold(csum_add_region(0, ic, end, sizeof(*ic) + hlen + 8));
+	return count(LB_STAT_TOO_BIG, XDP_TX);
+}
+
+/* IPv6: the client's packet becomes "packet too big, MTU `mtu`", from the VIP to the client,
+ * quoting up to LB_TOOBIG6_QUOTE bytes of it. */
+static __always_inline int too_big6(struct pkt *p, __u32 mtu)
+{
+	struct xdp_md *ctx = p->ctx;
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 l2len = p->l2len == 18 ? 18 : 14;
+	struct ipv6hdr *in = data + l2len;
+	struct l2_saved l2 = {};
+	struct in6_addr client, vip;
+	struct ipv6hdr *ip;
+	struct icmp6hdr *ic;
+	__u32 quote, len;
+	__u64 sum = 0;
+
+	if ((void *)(in + 1) > end)
+		return count(LB_DROP_MALFORMED, XDP_DROP);
+	client = in->saddr;
+	vip = in->daddr;
+	quote = p->l3len < LB_TOOBIG6_QUOTE ? p->l3len & ~1u : LB_TOOBIG6_QUOTE;
+	l2_save(p, &l2);
+	if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(struct ipv6hdr) + sizeof(struct icmp6hdr))))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	len = l2len + sizeof(struct ipv6hdr) + sizeof(struct icmp6hdr) + quote;
+	if (bpf_xdp_adjust_tail(ctx, (int)len - (int)(end - data)))
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	ip = l2_write(ctx, l2len, l2.peer, lb_settings.ifmac, l2.tag, bpf_htons(ETH_P_IPV6),
+		      sizeof(*ip) + sizeof(*ic));
+	if (!ip)
+		return count(LB_DROP_ENCAP, XDP_DROP);
+	end = (void *)(long)ctx->data_end;
+	ic = (void *)(ip + 1);
+	*(__be32 *)ip = bpf_htonl(0x60000000);
+	ip->payload_len = bpf_htons(sizeof(*ic) + quote);
+	ip->nexthdr = IPPROTO_ICMPV6_;
+	ip->hop_limit = 64;
+	ip->saddr = vip;
+	ip->daddr = client;
+	ic->icmp6_type = ICMPV6_PKT_TOOBIG_;
+	ic->icmp6_code = 0;
+	ic->icmp6_cksum = 0;
+	ic->icmp6_dataun.un_data32[0] = bpf_htonl(mtu);
+	/* The pseudo-header: both addresses, the upper-layer length, the next header. */
+	sum = csum_add_region(sum, &ip->saddr, end, 32);
+	sum += bpf_htons(sizeof(*ic) + quote);
+	sum += bpf_htons(IPPROTO_ICMPV6_);
+	sum = csum_add_region(sum, ic, end, sizeof(*ic) + quote);
+	ic->icmp6_cksum = csum_fold(sum);
+	return count(LB_STAT_TOO_BIG, XDP_TX);
+}
+
+/* A packet that is too long for the interface once encapsulated: tell the client (IPv4 with
+ * DF, IPv6), or drop it (IPv4 that routers may fragment; an ICMP error, never answered with
+ * another). `mtu` is what the client may send. */
+static __always_inline int too_big(struct pkt *p, __u32 mtu)
+{
+	if (p->icmp || !p->df)
+		return count(LB_DROP_OVERSIZE, XDP_DROP);
+	if (p->family == LB_FAMILY_V4)
+		return too_big4(p, mtu);
+	return too_big6(p, mtu);
+}
+
+#endif /* LB_ICMP_H */

@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Packet parsing in cursor style: each header is taken with one bounds check, and a header that
+ * is not all there is never read. Shared by the balancer (lb.bpf.c) and the backend-side
+ * decapsulation program (decap.bpf.c). */
+#ifndef LB_PARSE_H
+#define LB_PARSE_H
+
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define ETH_P_8021Q 0x8100
+#define ETH_P_8021AD 0x88A8
+#define IP_OFFSET 0x1FFF
+#define IP_MF 0x2000
+#define IP_DF 0x4000
+#define IPPROTO_ICMPV6_ 58
+
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+/* Returns a pointer to `len` bytes at the cursor and advances past them, or NULL. */
+static __always_inline void *take(struct cursor *c, __u32 len)
+{
+	void *p = c->pos;
+
+	if (p + len > c->end)
+		return NULL;
+	c->pos = p + len;
+	return p;
+}
+
+/* What the forwarding steps need to know of a packet once it is parsed. */
+struct pkt {
+	struct xdp_md *ctx;
+	struct ethhdr *eth;
+	__u64 bytes;  /* the frame's length as received: what the traffic counters add */
+	__u32 l2len;  /* 14, or 18 with a VLAN tag */
+	__u32 l3len;  /* the IP packet's length by its own header (padding may follow it) */
+	__u32 hash;   /* the flow hash */
+	__u8 family;  /* of the IP packet: LB_FAMILY_V4 or LB_FAMILY_V6 */
+	__u8 tos;     /* IPv4 TOS or IPv6 traffic class: copied to an outer header */
+	__u8 df;      /* IPv4: don't-fragment is set; IPv6: always 1 (routers never fragment it) */
+	__u8 icmp;    /* an ICMP error being routed: never answered with another ICMP error */
+};
+
+#endif /* LB_PARSE_H */

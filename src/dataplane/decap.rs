@@ -1,0 +1,112 @@
+//! The backends' decapsulation program (src/bpf/decap.bpf.c), for `lb decap`: loads it, keeps
+//! its map of this host's addresses in step with the interfaces, and reads its counters.
+
+use std::collections::HashSet;
+use std::mem::MaybeUninit;
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::{addr_words, bytes_of, value_of};
+
+#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/decap.skel.rs"));
+}
+
+use skel::{DecapSkel, DecapSkelBuilder};
+
+/// What the program counted, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecapCounters {
+    /// Encapsulated packets for this host, unwrapped and passed on.
+    pub decapsulated: u64,
+    /// Everything else, passed unchanged.
+    pub passed: u64,
+    /// Encapsulated packets for this host that were cut short or inconsistent: dropped.
+    pub malformed: u64,
+}
+
+pub struct Decap {
+    skel: DecapSkel<'static>,
+    /// The addresses in local_addrs now.
+    local: HashSet<IpAddr>,
+}
+
+impl Decap {
+    /// Opens and loads the program, decapsulating GUE sent to `gue_port`. Nothing is attached.
+    pub fn load(gue_port: u16) -> Result<Decap> {
+        // One per process: leaking the small holder is simpler than a self-referential struct.
+        let object = Box::leak(Box::new(MaybeUninit::uninit()));
+        let open = DecapSkelBuilder::default().open(object).context("opening the decapsulation BPF object")?;
+        let mut open = open;
+        open.maps.rodata_data.as_deref_mut().context("the program's .rodata is not mapped")?.gue_port = gue_port.to_be();
+        let skel = open.load().context("loading the decapsulation program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
+        Ok(Decap { skel, local: HashSet::new() })
+    }
+
+    pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.skel.progs.lb_decap.as_fd()
+    }
+
+    /// Makes `addrs` the set of addresses packets are decapsulated for. Returns whether it changed.
+    pub fn set_local(&mut self, addrs: &[IpAddr]) -> Result<bool> {
+        let want: HashSet<IpAddr> = addrs.iter().copied().collect();
+        if want == self.local {
+            return Ok(false);
+        }
+        let key = |a: IpAddr| {
+            let (addr, family) = addr_words(a);
+            skel::types::lb_addr { addr, family, ..Default::default() }
+        };
+        for a in want.difference(&self.local) {
+            self.skel.maps.local_addrs.update(bytes_of(&key(*a)), &[1], MapFlags::ANY)?;
+        }
+        for a in self.local.difference(&want) {
+            let _ = self.skel.maps.local_addrs.delete(bytes_of(&key(*a)));
+        }
+        self.local = want;
+        Ok(true)
+    }
+
+    pub fn counters(&self) -> Result<DecapCounters> {
+        use skel::types::lb_decap_stat as S;
+        let read = |s: S| -> Result<u64> {
+            let per_cpu = self.skel.maps.decap_stats.lookup_percpu(&s.0.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+            Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
+        };
+        Ok(DecapCounters {
+            decapsulated: read(S::LB_DECAP_DONE)?,
+            passed: read(S::LB_DECAP_PASSED)?,
+            malformed: read(S::LB_DECAP_MALFORMED)?,
+        })
+    }
+
+    /// Runs the program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame).
+    pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+        let mut out = vec![0u8; frame.len() + 256];
+        let input = libbpf_rs::ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
+        let output = self.skel.progs.lb_decap.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        let len = output.data.as_ref().map_or(0, |d| d.len());
+        let action = output.return_value;
+        out.truncate(len);
+        Ok((action, out))
+    }
+}
+
+/// Every address of every interface in this network namespace (both families).
+pub fn host_addresses() -> Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for ifa in nix::ifaddrs::getifaddrs().context("listing this host's addresses")? {
+        let Some(a) = ifa.address else { continue };
+        if let Some(v4) = a.as_sockaddr_in() {
+            out.push(IpAddr::V4(v4.ip()));
+        } else if let Some(v6) = a.as_sockaddr_in6() {
+            out.push(IpAddr::V6(v6.ip()));
+        }
+    }
+    Ok(out)
+}

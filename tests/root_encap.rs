@@ -1,0 +1,594 @@
+//! Packet fixtures for encapsulated forwarding, "too big" answers, ICMP errors routed to their
+//! flow's backend, and the backends' decapsulation program, through the real programs with
+//! BPF_PROG_TEST_RUN. Expected outer headers are built here from the documented format, not by
+//! the code under test; checksums are verified independently.
+//! Needs root (CAP_BPF): run with `cargo test --test root_encap`.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use common::packet::*;
+use lb::config::{parse_str, Pool};
+use lb::dataplane::decap::Decap;
+use lb::dataplane::{types, Dataplane};
+use lb::flowhash::flow_hash;
+use lb::table;
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+
+const ROUTER: &str = "10.99.0.1";
+const ROUTER6: &str = "fd00::1";
+const ROUTER_MAC: [u8; 6] = [0x02, 0xee, 0, 0, 0, 0x01];
+const ROUTER6_MAC: [u8; 6] = [0x02, 0xee, 0, 0, 0, 0x06];
+const SRC4: &str = "10.99.0.2";
+const SRC6: &str = "fd00::2";
+
+const POOL: &str = "services:
+  - name: ipip4
+    vip: 10.99.0.100
+    port: 80
+    hash: flow
+    forward: ipip
+    conntrack: off
+    backends: [{address: 10.1.0.11, name: a1}, {address: 10.1.0.12, name: a2}, {address: 10.1.0.13, name: a3}]
+  - name: gue4
+    vip: 10.99.0.100
+    port: 443
+    hash: flow
+    forward: gue
+    gue_port: 6081
+    backends: [{address: 10.1.0.21, name: g1}, {address: 10.1.0.22, name: g2}, {address: 10.1.0.23, name: g3}]
+  - name: ipip6
+    vip: 'fd00::100'
+    port: 80
+    hash: flow
+    forward: ipip
+    backends: [{address: 'fd01::11', name: s1}, {address: 'fd01::12', name: s2}]
+  - name: v4in6
+    vip: 10.99.0.101
+    port: 80
+    hash: flow
+    forward: gue
+    backends: [{address: 'fd01::21', name: m1}, {address: 'fd01::22', name: m2}]
+  - name: v6in4
+    vip: 'fd00::101'
+    port: 80
+    hash: flow
+    forward: ipip
+    backends: [{address: 10.1.0.31, name: n1}]
+  - name: l2web
+    vip: 10.99.0.102
+    port: 80
+    hash: flow
+    backends: [{address: 10.99.0.41, name: l1}, {address: 10.99.0.42, name: l2}]
+";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+fn neighbour_mac(a: IpAddr) -> Option<[u8; 6]> {
+    match a {
+        a if a == ip(ROUTER) => Some(ROUTER_MAC),
+        a if a == ip(ROUTER6) => Some(ROUTER6_MAC),
+        IpAddr::V4(a) => Some([0x02, 0xbb, 0, 0, 4, a.octets()[3]]),
+        IpAddr::V6(a) => Some([0x02, 0xbb, 0, 0, 6, a.octets()[15]]),
+    }
+}
+
+/// The data plane with POOL installed: encapsulated backends behind the router, IPv4 sources
+/// varying over 10.99.0.0/24, a fixed IPv6 source, MTU 1500.
+fn setup_pool(text: &str) -> (Dataplane, Pool) {
+    common::require_root();
+    let pool = parse_str("pool.yaml", text).expect("fixture pool is valid");
+    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    dp.set_encap_sources(Some((SRC4.parse().expect("v4"), 24)), Some((SRC6.parse().expect("v6"), 128))).expect("sources");
+    dp.set_mtu(1500).expect("mtu");
+    for s in pool.services.iter().filter(|s| s.forward.encapsulates()) {
+        for b in &s.backends {
+            dp.set_via(b.address, if b.address.is_ipv4() { ip(ROUTER) } else { ip(ROUTER6) }).expect("via");
+        }
+    }
+    dp.install(&pool, IFMAC, &neighbour_mac).expect("install");
+    (dp, pool)
+}
+
+fn setup() -> (Dataplane, Pool) {
+    setup_pool(POOL)
+}
+
+fn hash_of(pool: &Pool, service: &str, src: IpAddr, sport: u16, proto: u8) -> u32 {
+    let s = pool.service(service).expect("service");
+    flow_hash(s.hash, src, s.vip, sport, s.port, proto)
+}
+
+fn predict(pool: &Pool, service: &str, src: IpAddr, sport: u16, proto: u8) -> IpAddr {
+    let s = pool.service(service).expect("service");
+    let t = table::build_service(s);
+    s.backends[t.owner((hash_of(pool, service, src, sport, proto) % s.slots) as usize).expect("owner")].address
+}
+
+/// The outer source the documented rule gives: the base address with the varying bits (a
+/// network-order mask over the address's last 32-bit word) taken from the hash's bytes as they
+/// lie in memory.
+fn outer_src4(hash: u32) -> Ipv4Addr {
+    let base = u32::from_ne_bytes(SRC4.parse::<Ipv4Addr>().expect("v4").octets());
+    let vary = (u32::MAX >> 24).to_be();
+    Ipv4Addr::from(((base & !vary) | (hash & vary)).to_ne_bytes())
+}
+
+#[derive(Clone, Copy)]
+enum Outer {
+    Ipip,
+    Gue(u16),
+}
+
+/// `frame` (a client's frame, l2len 14 or 18) as lb must send it inside an outer header to
+/// `backend` through the router. `id` is the outer IPv4 id (0 when DF is set).
+fn encapsulated(frame: &[u8], l2len: usize, backend: IpAddr, outer: Outer, hash: u32, id: u16) -> Vec<u8> {
+    let inner = &frame[l2len..];
+    let (inner_v4, inner_len, tos, df) = if inner[0] >> 4 == 4 {
+        let len = u16::from_be_bytes([inner[2], inner[3]]) as usize;
+        (true, len, inner[1], inner[6] & 0x40 != 0)
+    } else {
+        let len = 40 + u16::from_be_bytes([inner[4], inner[5]]) as usize;
+        (false, len, (u16::from_be_bytes([inner[0], inner[1]]) >> 4) as u8, true)
+    };
+    let inner = &inner[..inner_len];
+    let proto = match outer {
+        Outer::Gue(_) => 17,
+        Outer::Ipip if inner_v4 => 4,
+        Outer::Ipip => 41,
+    };
+    let mut udp = Vec::new();
+    if let Outer::Gue(port) = outer {
+        udp.extend_from_slice(&(0xc000 | ((hash >> 16) & 0x3fff) as u16).to_be_bytes());
+        udp.extend_from_slice(&port.to_be_bytes());
+        udp.extend_from_slice(&((8 + inner_len) as u16).to_be_bytes());
+        udp.extend_from_slice(&[0, 0]);
+    }
+    let mut out = Vec::new();
+    match backend {
+        IpAddr::V4(b) => {
+            out.extend_from_slice(&ROUTER_MAC);
+            out.extend_from_slice(&IFMAC);
+            out.extend_from_slice(&frame[12..l2len - 2]);
+            out.extend_from_slice(&0x0800u16.to_be_bytes());
+            let mut h = vec![0x45, tos];
+            h.extend_from_slice(&((20 + udp.len() + inner_len) as u16).to_be_bytes());
+            h.extend_from_slice(&id.to_be_bytes());
+            h.extend_from_slice(&(if df { 0x4000u16 } else { 0 }).to_be_bytes());
+            h.extend_from_slice(&[64, proto, 0, 0]);
+            h.extend_from_slice(&outer_src4(hash).octets());
+            h.extend_from_slice(&b.octets());
+            let c = csum(&h);
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            out.extend_from_slice(&h);
+        }
+        IpAddr::V6(b) => {
+            out.extend_from_slice(&ROUTER6_MAC);
+            out.extend_from_slice(&IFMAC);
+            out.extend_from_slice(&frame[12..l2len - 2]);
+            out.extend_from_slice(&0x86DDu16.to_be_bytes());
+            out.extend_from_slice(&(0x6000_0000u32 | (tos as u32) << 20 | (hash & 0xfffff)).to_be_bytes());
+            out.extend_from_slice(&((udp.len() + inner_len) as u16).to_be_bytes());
+            out.extend_from_slice(&[proto, 64]);
+            out.extend_from_slice(&SRC6.parse::<Ipv6Addr>().expect("v6").octets());
+            out.extend_from_slice(&b.octets());
+        }
+    }
+    out.extend_from_slice(&udp);
+    out.extend_from_slice(inner);
+    out
+}
+
+fn df() -> V4Opts {
+    V4Opts { dont_fragment: true, ..Default::default() }
+}
+
+fn stat(dp: &Dataplane, s: types::lb_stat) -> u64 {
+    dp.stat(s).expect("stat")
+}
+
+/// Runs one frame that must be sent encapsulated, exactly as `expected`, and counted forwarded.
+fn assert_tx(dp: &Dataplane, what: &str, input: &[u8], expected: &[u8]) -> Vec<u8> {
+    let before = dp.forwarded().expect("forwarded");
+    let (action, out) = dp.test_run(input).expect("test_run");
+    assert_eq!(action, XDP_TX, "{what}: action");
+    assert_eq!(out, expected, "{what}: output frame");
+    assert_eq!(dp.forwarded().expect("forwarded") - before, 1, "{what}: counted forwarded once");
+    out
+}
+
+#[test]
+fn root_encapsulation_writes_exact_outer_headers_for_every_family_pair() {
+    let (dp, pool) = setup();
+    let c4 = v4("192.0.2.7");
+    let c6 = v6("2001:db8::7");
+
+    // IPv4 in IPv4, DF copied, TOS copied, source within the prefix.
+    let mut f = ipv4(None, c4, v4("10.99.0.100"), L4::syn(40000, 80), &df(), b"hello");
+    f[15] = 0xb8; // TOS (DSCP EF), then fix the inner checksum
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    let h = hash_of(&pool, "ipip4", c4.into(), 40000, 6);
+    let to = predict(&pool, "ipip4", c4.into(), 40000, 6);
+    let out = assert_tx(&dp, "IPv4 in IPv4", &f, &encapsulated(&f, 14, to, Outer::Ipip, h, 0));
+    assert_eq!(csum(&out[14..34]), 0, "outer IPv4 header checksum verifies");
+    assert_eq!(&out[34..], &f[14..], "inner packet byte for byte");
+
+    // 802.1Q tag kept in front of the outer header.
+    let f = ipv4(Some(42), c4, v4("10.99.0.100"), L4::syn(40001, 80), &df(), b"tagged");
+    let h = hash_of(&pool, "ipip4", c4.into(), 40001, 6);
+    let to = predict(&pool, "ipip4", c4.into(), 40001, 6);
+    assert_tx(&dp, "tagged IPv4 in IPv4", &f, &encapsulated(&f, 18, to, Outer::Ipip, h, 0));
+
+    // Ethernet padding after a short packet is not carried into the tunnel.
+    let mut f = ipv4(None, c4, v4("10.99.0.100"), L4::syn(40002, 80), &df(), b"");
+    assert_eq!(f.len(), 54);
+    f.resize(60, 0xaa);
+    let h = hash_of(&pool, "ipip4", c4.into(), 40002, 6);
+    let to = predict(&pool, "ipip4", c4.into(), 40002, 6);
+    let out = assert_tx(&dp, "padded frame", &f, &encapsulated(&f, 14, to, Outer::Ipip, h, 0));
+    assert_eq!(out.len(), 54 + 20, "padding cut");
+
+    // Without DF the outer id is not fixed: everything else is, and no DF outside either.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::syn(40003, 80), &V4Opts::default(), b"nodf");
+    let h = hash_of(&pool, "ipip4", c4.into(), 40003, 6);
+    let to = predict(&pool, "ipip4", c4.into(), 40003, 6);
+    let (action, out) = dp.test_run(&f).expect("run");
+    assert_eq!(action, XDP_TX);
+    assert_eq!(csum(&out[14..34]), 0, "checksum with a random id");
+    let id = u16::from_be_bytes([out[18], out[19]]);
+    assert_eq!(out, encapsulated(&f, 14, to, Outer::Ipip, h, id), "no DF: only the id is free");
+
+    // GUE over IPv4, to the service's port; source port from the hash.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::syn(40004, 443), &df(), b"gue");
+    let h = hash_of(&pool, "gue4", c4.into(), 40004, 6);
+    let to = predict(&pool, "gue4", c4.into(), 40004, 6);
+    let out = assert_tx(&dp, "GUE over IPv4", &f, &encapsulated(&f, 14, to, Outer::Gue(6081), h, 0));
+    assert_eq!(out[14 + 9], 17, "UDP");
+    assert_eq!(&out[14 + 20 + 2..14 + 20 + 4], &6081u16.to_be_bytes());
+
+    // IPv6 in IPv6: flow label from the hash.
+    let f = ipv6(c6, v6("fd00::100"), L4::syn(40005, 80), None, b"six");
+    let h = hash_of(&pool, "ipip6", c6.into(), 40005, 6);
+    let to = predict(&pool, "ipip6", c6.into(), 40005, 6);
+    let out = assert_tx(&dp, "IPv6 in IPv6", &f, &encapsulated(&f, 14, to, Outer::Ipip, h, 0));
+    assert_eq!(out[14 + 6], 41);
+
+    // IPv4 in IPv6 (GUE), IPv6 in IPv4 (IPIP, protocol 41).
+    let f = ipv4(None, c4, v4("10.99.0.101"), L4::syn(40006, 80), &df(), b"4in6");
+    let h = hash_of(&pool, "v4in6", c4.into(), 40006, 6);
+    let to = predict(&pool, "v4in6", c4.into(), 40006, 6);
+    assert_tx(&dp, "IPv4 in IPv6 (GUE)", &f, &encapsulated(&f, 14, to, Outer::Gue(6080), h, 0));
+    let f = ipv6(c6, v6("fd00::101"), L4::syn(40007, 80), None, b"6in4");
+    let h = hash_of(&pool, "v6in4", c6.into(), 40007, 6);
+    let out = assert_tx(&dp, "IPv6 in IPv4", &f, &encapsulated(&f, 14, ip("10.1.0.31"), Outer::Ipip, h, 0));
+    assert_eq!(out[14 + 9], 41);
+    assert_eq!(out[14 + 6] & 0x40, 0x40, "an inner IPv6 packet gets DF outside");
+}
+
+#[test]
+fn root_outer_entropy_varies_with_the_flow() {
+    let (dp, _pool) = setup();
+    let c4 = v4("192.0.2.9");
+    let mut gue_ports = std::collections::HashSet::new();
+    let mut sources = std::collections::HashSet::new();
+    let mut labels = std::collections::HashSet::new();
+    for port in 30000..30200 {
+        let (a, out) = dp.test_run(&ipv4(None, c4, v4("10.99.0.100"), L4::syn(port, 443), &df(), b"")).expect("run");
+        assert_eq!(a, XDP_TX);
+        gue_ports.insert(u16::from_be_bytes([out[34], out[35]]));
+        let (a, out) = dp.test_run(&ipv4(None, c4, v4("10.99.0.100"), L4::syn(port, 80), &df(), b"")).expect("run");
+        assert_eq!(a, XDP_TX);
+        let src = Ipv4Addr::new(out[26], out[27], out[28], out[29]);
+        assert_eq!(&src.octets()[..3], &[10, 99, 0], "source stays inside 10.99.0.0/24");
+        sources.insert(src);
+        let (a, out) = dp.test_run(&ipv6(v6("2001:db8::9"), v6("fd00::100"), L4::syn(port, 80), None, b"")).expect("run");
+        assert_eq!(a, XDP_TX);
+        labels.insert(u32::from_be_bytes([out[14], out[15], out[16], out[17]]) & 0xfffff);
+    }
+    println!("200 flows: {} GUE source ports, {} IPIP sources, {} IPv6 flow labels", gue_ports.len(), sources.len(), labels.len());
+    assert!(gue_ports.len() > 150, "GUE source ports vary per flow: {}", gue_ports.len());
+    assert!(sources.len() > 100, "IPIP outer sources vary per flow: {}", sources.len());
+    assert!(labels.len() > 150, "flow labels vary per flow: {}", labels.len());
+}
+
+/// Checks an ICMPv4 "fragmentation needed" answer to `input` (client frame, l2len 14).
+fn assert_frag_needed(input: &[u8], out: &[u8], mtu: u16) {
+    let hlen = (input[14] & 0x0f) as usize * 4;
+    assert_eq!(&out[0..6], &CLIENT_MAC, "back to the client's MAC");
+    assert_eq!(&out[6..12], &IFMAC);
+    assert_eq!(out.len(), 14 + 20 + 8 + hlen + 8, "headers and the quote only");
+    let ip = &out[14..34];
+    assert_eq!(csum(ip), 0, "IPv4 header checksum");
+    assert_eq!(ip[9], 1, "ICMP");
+    assert_eq!(&ip[12..16], &input[14 + 16..14 + 20], "from the VIP");
+    assert_eq!(&ip[16..20], &input[14 + 12..14 + 16], "to the client");
+    let icmp = &out[34..];
+    assert_eq!((icmp[0], icmp[1]), (3, 4), "type 3 code 4");
+    assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), mtu, "next-hop MTU");
+    assert_eq!(csum(icmp), 0, "ICMP checksum");
+    assert_eq!(&icmp[8..], &input[14..14 + hlen + 8], "quotes the IP header and 8 bytes");
+}
+
+#[test]
+fn root_too_big_is_answered_or_dropped_never_sent() {
+    let (dp, _pool) = setup();
+    let c4 = v4("192.0.2.7");
+    let payload = vec![0x5a; 1500 - 20 - 20];
+    // 1500 bytes + 20 of IPIP: over the 1500 MTU; DF: answered with MTU 1480.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::Tcp { sport: 40100, dport: 80, flags: 0x10 }, &df(), &payload);
+    let before = stat(&dp, types::lb_stat::LB_STAT_TOO_BIG);
+    let (action, out) = dp.test_run(&f).expect("run");
+    assert_eq!(action, XDP_TX);
+    assert_frag_needed(&f, &out, 1480);
+    assert_eq!(stat(&dp, types::lb_stat::LB_STAT_TOO_BIG) - before, 1);
+    // The same with IP options: the quote holds them.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::Tcp { sport: 40101, dport: 80, flags: 0x10 },
+        &V4Opts { options: vec![1; 8], dont_fragment: true, ..Default::default() }, &payload[8..]);
+    let (action, out) = dp.test_run(&f).expect("run");
+    assert_eq!(action, XDP_TX);
+    assert_frag_needed(&f, &out, 1480);
+    // GUE: 28 bytes of overhead.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::Tcp { sport: 40102, dport: 443, flags: 0x10 }, &df(), &payload[..1473 - 40]);
+    let (action, out) = dp.test_run(&f).expect("run");
+    assert_eq!(action, XDP_TX);
+    assert_frag_needed(&f, &out, 1472);
+    // One byte less fits.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::Tcp { sport: 40102, dport: 443, flags: 0x10 }, &df(), &payload[..1472 - 40]);
+    assert_eq!(dp.test_run(&f).expect("run").0, XDP_TX);
+    assert_eq!(u16::from_be_bytes([f[16], f[17]]), 1472);
+
+    // Without DF: dropped and counted, never sent.
+    let f = ipv4(None, c4, v4("10.99.0.100"), L4::Tcp { sport: 40103, dport: 80, flags: 0x10 }, &V4Opts::default(), &payload);
+    let before = stat(&dp, types::lb_stat::LB_DROP_OVERSIZE);
+    let (action, out) = dp.test_run(&f).expect("run");
+    assert_eq!((action, out), (XDP_DROP, f.clone()));
+    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_OVERSIZE) - before, 1);
+
+    // IPv6: packet too big, MTU 1460, checksum over the pseudo-header.
+    let c6 = v6("2001:db8::7");
+    let f = ipv6(c6, v6("fd00::100"), L4::Tcp { sport: 40104, dport: 80, flags: 0x10 }, None, &vec![7u8; 1500 - 40 - 20]);
+    let (action, out) = dp.test_run(&f).expect("run");
+    assert_eq!(action, XDP_TX);
+    assert_eq!(&out[0..6], &CLIENT_MAC);
+    assert_eq!(out[14 + 6], 58, "ICMPv6");
+    assert_eq!(&out[14 + 8..14 + 24], &f[14 + 24..14 + 40], "from the VIP");
+    assert_eq!(&out[14 + 24..14 + 40], &f[14 + 8..14 + 24], "to the client");
+    let icmp = &out[54..];
+    assert_eq!(icmp.len(), 8 + 192);
+    assert_eq!(u16::from_be_bytes([out[18], out[19]]) as usize, icmp.len());
+    assert_eq!((icmp[0], icmp[1]), (2, 0), "packet too big");
+    assert_eq!(u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]), 1460);
+    let mut pseudo = out[14 + 8..14 + 40].to_vec();
+    pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(icmp);
+    assert_eq!(csum(&pseudo), 0, "ICMPv6 checksum");
+    assert_eq!(&icmp[8..], &f[14..14 + 192], "quotes the packet's start");
+}
+
+#[test]
+fn root_truncated_packets_to_encapsulating_services_are_never_sent() {
+    let (dp, _pool) = setup();
+    let frames = [
+        ipv4(None, v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(40200, 80), &df(), b"0123456789"),
+        ipv4(Some(7), v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(40201, 443), &df(), b"0123456789"),
+        ipv6(v6("2001:db8::7"), v6("fd00::100"), L4::syn(40202, 80), None, b"0123456789"),
+    ];
+    for f in &frames {
+        for len in 14..f.len() {
+            let (action, out) = dp.test_run(&f[..len]).expect("run");
+            assert_ne!(action, XDP_TX, "a frame cut to {len} of {} bytes was sent", f.len());
+            assert_eq!(out, &f[..len], "a cut frame leaves unchanged");
+        }
+    }
+}
+
+/// An ICMPv4 destination-unreachable from `router` to the VIP, quoting the packet the VIP
+/// (service port `port`) sent to the client.
+fn icmp4_error(code: u8, router: Ipv4Addr, vip: Ipv4Addr, port: u16, client: Ipv4Addr, cport: u16) -> Vec<u8> {
+    let quoted = ipv4(None, vip, client, L4::Tcp { sport: port, dport: cport, flags: 0x10 }, &df(), &[0u8; 1000]);
+    let mut body = vec![3, code, 0, 0, 0, 0, 0x05, 0x00];
+    body.extend_from_slice(&quoted[14..14 + 20 + 8]);
+    let c = csum(&body);
+    body[2..4].copy_from_slice(&c.to_be_bytes());
+    raw_ipv4(router, vip, 1, &body)
+}
+
+fn raw_ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&IFMAC);
+    f.extend_from_slice(&CLIENT_MAC);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut h = vec![0x45, 0];
+    h.extend_from_slice(&((20 + body.len()) as u16).to_be_bytes());
+    h.extend_from_slice(&[0, 0, 0x40, 0, 64, proto, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    let c = csum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&h);
+    f.extend_from_slice(body);
+    f
+}
+
+#[test]
+fn root_icmp_errors_reach_the_flows_backend() {
+    let (mut dp, pool) = setup();
+    let vip = v4("10.99.0.100");
+    let client = v4("198.51.100.20");
+    let router = v4("203.0.113.1");
+
+    // No flow-table entry (ipip4 tracks nothing): the table's backend for the client's flow,
+    // encapsulated like the client's packets; every code of destination unreachable.
+    for (code, cport) in [(4u8, 41000u16), (1, 41001), (3, 41002), (13, 41003)] {
+        let f = icmp4_error(code, router, vip, 80, client, cport);
+        let to = predict(&pool, "ipip4", client.into(), cport, 6);
+        let h = hash_of(&pool, "ipip4", client.into(), cport, 6);
+        let before = stat(&dp, types::lb_stat::LB_ICMP_FORWARDED);
+        assert_tx(&dp, "ICMP error for an ipip flow", &f, &encapsulated(&f, 14, to, Outer::Ipip, h, 0));
+        assert_eq!(stat(&dp, types::lb_stat::LB_ICMP_FORWARDED) - before, 1);
+    }
+
+    // L2 service: MACs only.
+    let f = icmp4_error(4, router, v4("10.99.0.102"), 80, client, 41010);
+    let to = predict(&pool, "l2web", client.into(), 41010, 6);
+    let mut expect = f.clone();
+    expect[0..6].copy_from_slice(&neighbour_mac(to).expect("mac"));
+    expect[6..12].copy_from_slice(&IFMAC);
+    assert_tx(&dp, "ICMP error for an l2 flow", &f, &expect);
+
+    // With a flow-table entry: the flow's backend, even after the table moved its slot.
+    let mut reweighted = pool.clone();
+    let svc = reweighted.services.iter_mut().find(|s| s.name == "gue4").expect("gue4");
+    svc.backends[0].weight = 5;
+    let cport = (42000u16..43000)
+        .find(|&p| predict(&pool, "gue4", client.into(), p, 6) != predict(&reweighted, "gue4", client.into(), p, 6))
+        .expect("a flow the reweight moves");
+    let first = predict(&pool, "gue4", client.into(), cport, 6);
+    let syn = ipv4(None, client, vip, L4::syn(cport, 443), &df(), b"");
+    assert_eq!(dp.test_run(&syn).expect("run").0, XDP_TX);
+    dp.apply(&reweighted).expect("reweight");
+    let f = icmp4_error(4, router, vip, 443, client, cport);
+    let h = hash_of(&pool, "gue4", client.into(), cport, 6);
+    assert_tx(&dp, "ICMP error for a tracked flow", &f, &encapsulated(&f, 14, first, Outer::Gue(6081), h, 0));
+    // A flow without an entry follows the new table.
+    let other = (43000u16..44000)
+        .find(|&p| predict(&pool, "gue4", client.into(), p, 6) != predict(&reweighted, "gue4", client.into(), p, 6))
+        .expect("another moved flow");
+    let f = icmp4_error(4, router, vip, 443, client, other);
+    let h = hash_of(&reweighted, "gue4", client.into(), other, 6);
+    let now = predict(&reweighted, "gue4", client.into(), other, 6);
+    assert_tx(&dp, "ICMP error for an untracked flow", &f, &encapsulated(&f, 14, now, Outer::Gue(6081), h, 0));
+
+    // ICMPv6 packet too big to the v6 VIP.
+    let c6 = v6("2001:db8::20");
+    let quoted = ipv6(v6("fd00::100"), c6, L4::Tcp { sport: 80, dport: 41020, flags: 0x10 }, None, &[0u8; 64]);
+    let mut body = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+    body.extend_from_slice(&quoted[14..14 + 48]);
+    let mut f = ipv6(v6("2001:db8:ffff::1"), v6("fd00::100"), L4::IcmpEcho, Some(58), &[]);
+    f.truncate(14 + 40);
+    f[18..20].copy_from_slice(&(body.len() as u16).to_be_bytes());
+    f.extend_from_slice(&body); // checksum left zero: lb does not read it
+    let to = predict(&pool, "ipip6", c6.into(), 41020, 6);
+    let h = hash_of(&pool, "ipip6", c6.into(), 41020, 6);
+    assert_tx(&dp, "ICMPv6 packet too big for an ipip6 flow", &f, &encapsulated(&f, 14, to, Outer::Ipip, h, 0));
+
+    // Other ICMP passes unchanged: an echo to the VIP, an error quoting another source, one
+    // quoting a port no service has, one with its quote cut short.
+    let passed = |f: Vec<u8>, what: &str| {
+        let (a, out) = dp.test_run(&f).expect("run");
+        assert_eq!((a, &out), (XDP_PASS, &f), "{what}");
+    };
+    passed(ipv4_simple(client, vip, L4::IcmpEcho), "echo request");
+    passed(icmp4_error(4, router, v4("10.99.0.100"), 81, client, 41030), "no service on the quoted port");
+    let mut f = icmp4_error(4, router, vip, 80, client, 41031);
+    f[14 + 16..14 + 20].copy_from_slice(&v4("10.99.0.101").octets());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    passed(f, "quoted source is not the VIP it was sent to");
+    let f = icmp4_error(4, router, vip, 80, client, 41032);
+    let mut cut = f[..f.len() - 8].to_vec();
+    let len = (cut.len() - 14) as u16;
+    cut[16..18].copy_from_slice(&len.to_be_bytes());
+    cut[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&cut[14..34]);
+    cut[24..26].copy_from_slice(&c.to_be_bytes());
+    passed(cut, "quote without ports");
+}
+
+/// What `lb decap` must hand the stack for an encapsulated frame: the outer frame's MACs (and
+/// tag), the inner family's ethertype, the inner packet.
+fn decapsulated(outer: &[u8], l2len: usize, inner: &[u8]) -> Vec<u8> {
+    let mut f = outer[..l2len - 2].to_vec();
+    f.extend_from_slice(&(if inner[0] >> 4 == 4 { 0x0800u16 } else { 0x86DD }).to_be_bytes());
+    f.extend_from_slice(inner);
+    f
+}
+
+#[test]
+fn root_decap_strips_what_lb_adds_and_passes_everything_else() {
+    let (dp, _pool) = setup();
+    let mut de = Decap::load(6081).expect("load decap");
+    de.set_local(&["10.1.0.11", "10.1.0.12", "10.1.0.13", "10.1.0.21", "10.1.0.22", "10.1.0.23", "fd01::11", "fd01::12", "10.1.0.31"]
+        .map(ip))
+        .expect("local");
+    let c4 = v4("192.0.2.7");
+    let c6 = v6("2001:db8::7");
+    let inputs = [
+        (ipv4(None, c4, v4("10.99.0.100"), L4::syn(40300, 80), &df(), b"ipip"), 14),
+        (ipv4(Some(9), c4, v4("10.99.0.100"), L4::syn(40301, 80), &df(), b"tagged"), 18),
+        (ipv4(None, c4, v4("10.99.0.100"), L4::syn(40302, 443), &df(), b"gue"), 14),
+        (ipv6(c6, v6("fd00::100"), L4::syn(40303, 80), None, b"six"), 14),
+        (ipv6(c6, v6("fd00::101"), L4::syn(40304, 80), None, b"6in4"), 14),
+    ];
+    for (client, l2len) in &inputs {
+        let (a, outer) = dp.test_run(client).expect("lb");
+        assert_eq!(a, XDP_TX);
+        let before = de.counters().expect("counters");
+        let (a, out) = de.test_run(&outer).expect("decap");
+        assert_eq!(a, XDP_PASS);
+        assert_eq!(out, decapsulated(&outer, *l2len, &client[*l2len..]), "the client's packet comes out as sent");
+        assert_eq!(de.counters().expect("counters").decapsulated - before.decapsulated, 1);
+
+        // Every truncation: dropped as malformed or passed unchanged, never half-decapsulated.
+        for len in 14..outer.len() {
+            let (a, out) = de.test_run(&outer[..len]).expect("decap");
+            assert!(
+                (a == XDP_PASS && out == outer[..len]) || a == XDP_DROP,
+                "a cut encapsulated frame ({len} of {}) came out as {a} {:02x?}",
+                outer.len(),
+                out
+            );
+        }
+    }
+
+    // GUE version 0 (a 4-byte header naming the inner protocol), as other senders use.
+    let inner = ipv4(None, c4, v4("10.99.0.100"), L4::syn(40310, 80), &df(), b"v0");
+    let mut body = vec![0u8; 8];
+    body[0..2].copy_from_slice(&5555u16.to_be_bytes());
+    body[2..4].copy_from_slice(&6081u16.to_be_bytes());
+    body[4..6].copy_from_slice(&((8 + 4 + inner.len() - 14) as u16).to_be_bytes());
+    body.extend_from_slice(&[0, 4, 0, 0]);
+    body.extend_from_slice(&inner[14..]);
+    let v0 = raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 17, &body);
+    let (a, out) = de.test_run(&v0).expect("decap");
+    assert_eq!((a, out), (XDP_PASS, decapsulated(&v0, 14, &inner[14..])));
+
+    let unchanged = |f: &[u8], what: &str| {
+        let before = de.counters().expect("counters").passed;
+        let (a, out) = de.test_run(f).expect("decap");
+        assert_eq!((a, out.as_slice()), (XDP_PASS, f), "{what}");
+        assert_eq!(de.counters().expect("counters").passed - before, 1, "{what}: counted passed");
+    };
+    let malformed = |f: &[u8], what: &str| {
+        let before = de.counters().expect("counters").malformed;
+        assert_eq!(de.test_run(f).expect("decap").0, XDP_DROP, "{what}");
+        assert_eq!(de.counters().expect("counters").malformed - before, 1, "{what}: counted malformed");
+    };
+    // Not for this host: a router's transit traffic.
+    let transit = raw_ipv4(v4("10.99.0.2"), v4("10.1.0.99"), 4, &inner[14..]);
+    unchanged(&transit, "IPIP for another host");
+    // UDP to another port, a GUE control message, ordinary traffic.
+    let mut other = v0.clone();
+    other[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&53u16.to_be_bytes());
+    unchanged(&other, "UDP to another port");
+    let mut control = v0.clone();
+    control[14 + 28] = 0x20;
+    unchanged(&control, "GUE control message");
+    unchanged(&ipv4_simple(c4, v4("10.1.0.11"), L4::syn(1, 80)), "plain TCP to this host");
+    // Ours but wrong: bad outer checksum, an inner header that is not there or not IP.
+    let mut bad = raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 4, &inner[14..]);
+    bad[24] ^= 0xff;
+    malformed(&bad, "bad outer checksum");
+    malformed(&raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 4, &inner[14..24]), "inner header cut short");
+    malformed(&raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 41, &inner[14..]), "protocol 41 with an IPv4 packet inside");
+}
