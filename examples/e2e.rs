@@ -52,6 +52,27 @@ enum Cmd {
         http: Option<u16>,
         #[arg(long)]
         status_file: Option<PathBuf>,
+        /// A TCP port for bulk transfers: `GET N` is answered with the name line and N bytes;
+        /// `PUT N` followed by N bytes with `NAME N` once all arrived.
+        #[arg(long)]
+        bulk: Option<u16>,
+    },
+    /// One bulk transfer to a `serve --bulk` port through the VIP: downloads or uploads BYTES;
+    /// prints `backend bytes seconds`. Fails if it does not complete within the timeout.
+    Transfer {
+        #[arg(long)]
+        vip: IpAddr,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        download: Option<usize>,
+        #[arg(long)]
+        upload: Option<usize>,
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
+        /// The client address to connect from (default: the kernel's choice).
+        #[arg(long)]
+        source: Option<IpAddr>,
     },
     Probe {
         #[arg(long)]
@@ -161,12 +182,20 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<bool> {
     match cli.cmd {
-        Cmd::Serve { name, tcp, udp, udp_address, http, status_file } => {
+        Cmd::Serve { name, tcp, udp, udp_address, http, status_file, bulk } => {
             if let Some(port) = http {
                 let listener = dual_stack_listener(port).with_context(|| format!("listening on http {port}"))?;
                 std::thread::spawn(move || http_status(listener, status_file));
             }
+            if let Some(port) = bulk {
+                let listener = dual_stack_listener(port).with_context(|| format!("listening on bulk {port}"))?;
+                let name = name.clone();
+                std::thread::spawn(move || bulk_serve(listener, name));
+            }
             serve(&name, &tcp, &udp, &udp_address)
+        }
+        Cmd::Transfer { vip, port, download, upload, timeout, source } => {
+            transfer(vip, port, source, download, upload, Duration::from_secs_f64(timeout))
         }
         Cmd::Probe { vip, port, udp, sources, first_port, count, workers, timeout_ms } => {
             probe(vip, port, udp, &sources, first_port, count, workers, Duration::from_millis(timeout_ms))
@@ -250,6 +279,110 @@ fn serve(name: &str, tcp: &[u16], udp: &[u16], udp_addresses: &[IpAddr]) -> Resu
     for t in threads {
         let _ = t.join();
     }
+    Ok(true)
+}
+
+/// `GET N`: the name line, then N bytes. `PUT N`: reads N bytes, then answers `NAME N`.
+fn bulk_serve(listener: TcpListener, name: String) {
+    for conn in listener.incoming().map_while(Result::ok) {
+        let name = name.clone();
+        std::thread::spawn(move || -> Result<()> {
+            let mut conn = conn;
+            conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+            let mut reader = BufReader::new(conn.try_clone()?);
+            let mut line = String::new();
+            reader.read_line(&mut line)?;
+            let mut words = line.split_whitespace();
+            let (verb, n) = (words.next().unwrap_or(""), words.next().and_then(|w| w.parse::<usize>().ok()).unwrap_or(0));
+            match verb {
+                "GET" => {
+                    conn.write_all(format!("{name}\n").as_bytes())?;
+                    let chunk = vec![b'x'; 64 * 1024];
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(chunk.len());
+                        conn.write_all(&chunk[..k])?;
+                        left -= k;
+                    }
+                }
+                "PUT" => {
+                    let mut got = 0usize;
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while got < n {
+                        let k = reader.read(&mut buf)?;
+                        if k == 0 {
+                            break;
+                        }
+                        got += k;
+                    }
+                    conn.write_all(format!("{name} {got}\n").as_bytes())?;
+                }
+                _ => {}
+            }
+            Ok(())
+        });
+    }
+}
+
+fn transfer(vip: IpAddr, port: u16, source: Option<IpAddr>, download: Option<usize>, upload: Option<usize>, timeout: Duration) -> Result<bool> {
+    let started = Instant::now();
+    let to = SocketAddr::new(vip, port);
+    let mut conn = match source {
+        Some(src) => connect_timeout(bound(src, 0, nix::sys::socket::SockType::Stream)?, to, timeout)?,
+        None => TcpStream::connect_timeout(&to, timeout).context("connecting")?,
+    };
+    // Short socket timeouts, so that the overall deadline below is kept.
+    conn.set_read_timeout(Some(Duration::from_millis(200).min(timeout)))?;
+    conn.set_write_timeout(Some(Duration::from_millis(200).min(timeout)))?;
+    let (name, bytes) = match (download, upload) {
+        (Some(n), None) => {
+            conn.write_all(format!("GET {n}\n").as_bytes())?;
+            conn.set_read_timeout(Some(timeout))?;
+            let name = read_name(&mut conn)?;
+            conn.set_read_timeout(Some(Duration::from_millis(200).min(timeout)))?;
+            let mut got = 0usize;
+            let mut buf = vec![0u8; 64 * 1024];
+            while got < n {
+                if started.elapsed() > timeout {
+                    bail!("download stalled at {got} of {n} bytes after {timeout:?}");
+                }
+                match conn.read(&mut buf) {
+                    Ok(0) => bail!("closed at {got} of {n} bytes"),
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+                    Err(e) => bail!("download failed at {got} of {n} bytes: {e}"),
+                }
+            }
+            (name, got)
+        }
+        (None, Some(n)) => {
+            conn.write_all(format!("PUT {n}\n").as_bytes())?;
+            let chunk = vec![b'y'; 64 * 1024];
+            let mut left = n;
+            while left > 0 {
+                if started.elapsed() > timeout {
+                    bail!("upload stalled with {left} of {n} bytes to send after {timeout:?}");
+                }
+                let k = left.min(chunk.len());
+                match conn.write(&chunk[..k]) {
+                    Ok(w) => left -= w,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+                    Err(e) => bail!("upload failed with {left} of {n} bytes to send: {e}"),
+                }
+            }
+            conn.set_read_timeout(Some(timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(1))))?;
+            let reply = read_name(&mut conn).context("waiting for the upload's receipt")?;
+            let mut w = reply.split_whitespace();
+            let name = w.next().unwrap_or("").to_string();
+            let got: usize = w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+            if got != n {
+                bail!("{name} received {got} of {n} bytes");
+            }
+            (name, got)
+        }
+        _ => bail!("give --download BYTES or --upload BYTES"),
+    };
+    println!("{name} {bytes} {:.3}", started.elapsed().as_secs_f64());
     Ok(true)
 }
 

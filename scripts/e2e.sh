@@ -365,6 +365,216 @@ test_conntrack_keeps_established_connections_through_pool_changes() { # MODE
     say "$(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
 }
 
+# ---- encapsulation: backends behind a router (scripts/lib/topology.sh, topo_routed_up) ----
+
+# The routed pool: FORWARD for the web services, BACKENDS by number, CONNTRACK for web.
+routed_pool() { # FILE FORWARD [BACKENDS] [CONNTRACK]
+    local web="" web6="" i
+    for i in ${3:-1 2 3}; do
+        web+="${web:+, }{address: 10.97.$i.2, name: b$i}"
+        web6+="${web6:+, }{address: 'fd97:$i::2', name: b$i}"
+    done
+    cat >"$1.tmp" <<EOF
+services:
+  - name: web
+    vip: 10.99.0.100
+    port: 80
+    hash: flow
+    forward: $2
+    conntrack: ${4:-off}
+    backends: [$web]
+  - name: dns
+    vip: 10.99.0.100
+    port: 53
+    protocol: udp
+    hash: flow
+    forward: $2
+    conntrack: off
+    backends: [$web]
+  - name: web6
+    vip: fd99::100
+    port: 80
+    hash: flow
+    forward: $2
+    conntrack: off
+    backends: [$web6]
+  - name: mixed
+    vip: 10.99.0.100
+    port: 443
+    hash: flow
+    forward: gue
+    conntrack: off
+    backends: [$web6]
+  - name: bulk
+    vip: 10.99.0.100
+    port: 9000
+    forward: $2
+    backends: [$web]
+  - name: bulk6
+    vip: fd99::100
+    port: 9000
+    forward: $2
+    backends: [$web6]
+EOF
+    mv "$1.tmp" "$1"
+}
+
+setup_routed() { # MODE FORWARD [BACKENDS]
+    PREFIX="lbr$$${RANDOM}"
+    WORK=$(mktemp -d /tmp/lb-e2e.XXXXXX)
+    trap teardown EXIT
+    trap 'exit 124' TERM INT
+    topo_routed_up "$PREFIX" "${3:-3}" "$1" || fail "routed topology"
+    routed_pool "$WORK/pool.yaml" "$2"
+}
+
+# The last value lb's --stats-interval output gave counter NAME.
+last_counter() { # NAME
+    grep -o "$1=[0-9]*" "$WORK/stats.out" | tail -1 | cut -d= -f2
+}
+
+test_encap_tcp_udp_ipv4_ipv6_through_a_router() { # MODE FORWARD
+    setup_routed "$1" "$2"
+    start_lb "$1"
+    probe "$WORK/tcp" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 120 || fail "TCP over $2"
+    check web "$WORK/tcp"
+    probe "$WORK/udp" --udp --vip 10.99.0.100 --port 53 --sources "$TOPO_RCLIENTS4" --count 60 || fail "UDP over $2"
+    check dns "$WORK/udp"
+    probe "$WORK/v6" --vip fd99::100 --port 80 --sources "$TOPO_RCLIENTS6" --count 60 || fail "IPv6 over $2"
+    check web6 "$WORK/v6"
+    probe "$WORK/mixed" --vip 10.99.0.100 --port 443 --sources "$TOPO_RCLIENTS4" --count 60 || fail "IPv4 in IPv6 (GUE)"
+    check mixed "$WORK/mixed"
+    grep -q "via 10.99.0.1, MAC" "$WORK/lb.log" || fail "backends not reached via the router"
+    say "$2: 600 TCP, 300 UDP, 300 IPv6 and 300 IPv4-in-IPv6 (GUE) flows on their predicted backends, through the router"
+}
+
+test_encap_reload_moves_l2_to_ipip_under_traffic() { # MODE
+    # Backends on the link (the bridge topology), running lb decap: l2 and ipip both reach them.
+    setup "$1"
+    local i d
+    for i in 1 2 3; do
+        ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --xdp-mode "$1" >/dev/null 2>"$WORK/decap$i.log" &
+        echo $! >>"/tmp/$PREFIX.pids"
+    done
+    for i in 1 2 3; do
+        for _ in $(seq 1 50); do grep -q serving "$WORK/decap$i.log" && break; sleep 0.1; done
+        grep -q serving "$WORK/decap$i.log" || { cat "$WORK/decap$i.log" >&2; fail "lb decap on b$i"; }
+    done
+    sed -i 's/    conntrack: off/    conntrack: on/' "$WORK/pool.yaml"
+    start_lb "$1"
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
+        --connections 100 --seconds 4 --ready-file "$WORK/ready" 2>"$WORK/hold.log" &
+    local h=$!
+    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
+    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    probe "$WORK/during" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 300 &
+    local p=$!
+    sleep 0.2
+    sed -i '/name: web$/,/backends:/ s/^    hash: flow$/    hash: flow\n    forward: ipip/' "$WORK/pool.yaml"
+    wait_log "forward l2 -> ipip" 1
+    wait "$p" || fail "new connections failed while web moved from l2 to ipip"
+    wait "$h" || { cat "$WORK/hold.log" >&2; fail "a long-lived connection broke when web moved to ipip"; }
+    probe "$WORK/after" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 100 || fail "after the move"
+    for i in 1 2 3; do
+        ip netns pids "$PREFIX-b$i" | xargs -r ps -o pid=,comm= -p | awk '$2 == "lb" {print $1}' | xargs -r kill -TERM
+    done
+    for i in 1 2 3; do
+        for _ in $(seq 1 50); do grep -q "detached" "$WORK/decap$i.log" && break; sleep 0.1; done
+    done
+    d=$(cat "$WORK"/decap*.log | grep -o "decapsulated [0-9]*" | awk '{s += $2} END {print s + 0}')
+    [ "$d" -gt 0 ] || { cat "$WORK"/decap*.log >&2; fail "the backends decapsulated nothing"; }
+    say "web l2 -> ipip under traffic: 2000 connections during and 500 after, none failed; $d packets decapsulated"
+    say "$(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
+}
+
+test_encap_backend_removed_under_traffic_moves_only_its_flows() { # MODE
+    setup_routed "$1" ipip 4
+    routed_pool "$WORK/pool.yaml" ipip "1 2 3 4"
+    start_lb "$1"
+    local args=(--vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 300)
+    probe "$WORK/before" "${args[@]}" || fail "before"
+    probe "$WORK/during" "${args[@]}" &
+    local during=$!
+    sleep 0.1
+    routed_pool "$WORK/pool.yaml" ipip "1 3 4"
+    wait "$during" || true
+    wait_log "web changed (b2 removed" 1
+    "$E2E" compare "$WORK/before" "$WORK/during" --removed b2 --transition >"$WORK/cmp0" \
+        || { cat "$WORK/cmp0" >&2; fail "a flow not on b2 failed or moved while b2 was removed"; }
+    probe "$WORK/after" "${args[@]}" || fail "after"
+    "$E2E" compare "$WORK/before" "$WORK/after" --removed b2 >"$WORK/cmp" || { cat "$WORK/cmp" >&2; fail "a flow moved that was not on b2"; }
+    check web "$WORK/after"
+    say "ipip: $(grep -c . "$WORK/before") flows; removing b2 under traffic moved only b2's"
+}
+
+test_encap_health_check_takes_a_stopped_backend_out() { # MODE
+    setup_routed "$1" gue
+    sed -i "/name: web$/,/backends:/ s|^    hash: flow$|    hash: flow\n    health_check: {kind: tcp, interval: 300ms, timeout: 250ms, rise: 2, fall: 2}|" "$WORK/pool.yaml"
+    start_lb "$1"
+    topo_server_stop "$PREFIX" 2
+    wait_log "web backend b2 10.97.2.2 is down" 1
+    probe "$WORK/flows" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "connections while b2 is down"
+    if grep -q " b2$" "$WORK/flows"; then fail "a flow reached the stopped b2"; fi
+    say "gue: the stopped backend was taken out by its health check; 500 connections went to the others"
+}
+
+test_encap_tracked_connections_survive_a_reweight() { # MODE
+    setup_routed "$1" ipip
+    routed_pool "$WORK/pool.yaml" ipip "1 2 3" on
+    start_lb "$1"
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" \
+        --connections 100 --seconds 3 --ready-file "$WORK/ready" 2>"$WORK/hold.log" &
+    local h=$!
+    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
+    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    sed -i '/name: web$/,/backends:/ s/{address: 10.97.1.2, name: b1}/{address: 10.97.1.2, name: b1, weight: 5}/' "$WORK/pool.yaml"
+    wait_log "b1 weight 1 -> 5" 1
+    wait "$h" || { cat "$WORK/hold.log" >&2; fail "a tracked connection broke on a reweight"; }
+    say "ipip with conntrack: $(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
+}
+
+test_encap_path_mtu_works_because_icmp_reaches_the_backend() { # MODE FORWARD
+    setup_routed "$1" "$2"
+    start_lb "$1" --stats-interval 0.5
+    local out icmp big
+    # Uploads: the backend says MSS 1460, so the client sends 1500-byte packets, which do not
+    # fit the tunnel: lb answers "too big" and the client's stack sends smaller ones.
+    out=$(ip netns exec "$PREFIX-client" "$E2E" transfer --vip 10.99.0.100 --port 9000 --upload 2000000 --timeout 10) \
+        || fail "a 2 MB IPv4 upload did not complete"
+    say "IPv4 upload over $2: $out (backend, bytes, seconds)"
+    out=$(ip netns exec "$PREFIX-client" "$E2E" transfer --vip fd99::100 --port 9000 --upload 2000000 --timeout 10) \
+        || fail "a 2 MB IPv6 upload did not complete"
+    say "IPv6 upload: $out"
+    # Downloads: the router's link to the client carries 1280 bytes while the client's side still
+    # says 1500, so backends send 1500-byte packets that only an ICMP error can shrink. The
+    # error goes to the VIP (the packets' source), reaches lb, and must go on to the flow's
+    # backend.
+    ip -n "$PREFIX-router" link set c0 mtu 1280
+    out=$(ip netns exec "$PREFIX-client" "$E2E" transfer --vip 10.99.0.100 --port 9000 --download 2000000 --timeout 10) \
+        || fail "a 2 MB IPv4 download through a 1280-byte link did not complete"
+    say "IPv4 download through a 1280-byte hop: $out"
+    out=$(ip netns exec "$PREFIX-client" "$E2E" transfer --vip fd99::100 --port 9000 --download 2000000 --timeout 10) \
+        || fail "a 2 MB IPv6 download through a 1280-byte link did not complete"
+    say "IPv6 download: $out"
+    sleep 1.2
+    icmp=$(grep -o "icmp: forwarded=[0-9]*" "$WORK/stats.out" | tail -1 | cut -d= -f2)
+    [ "${icmp:-0}" -gt 0 ] || fail "lb forwarded no ICMP error"
+    big=$(last_counter too_big)
+    [ "${big:-0}" -gt 0 ] || fail "lb answered no packet as too big"
+    # The control: with the router's ICMP errors to the VIP thrown away, the same download
+    # stalls. That is what routing them to the backend prevented. (Backends forget the path
+    # MTU they learned, and the download comes from another client address.)
+    ip -n "$PREFIX-router" rule add ipproto icmp to 10.99.0.100 lookup 100
+    ip -n "$PREFIX-router" route add blackhole 10.99.0.100/32 table 100
+    local i
+    for i in 1 2 3; do ip -n "$PREFIX-b$i" route flush cache; done
+    if ip netns exec "$PREFIX-client" "$E2E" transfer --vip 10.99.0.100 --port 9000 --source 10.98.0.54 \
+        --download 2000000 --timeout 4 >/dev/null 2>&1; then
+        fail "control: the download completed without the ICMP error; the test proves nothing"
+    fi
+    say "lb sent $icmp ICMP errors on to their flows' backends and answered $big packets as too big; without those errors the download stalls"
+}
+
 # ---- runner ----
 
 TESTS=(
@@ -387,6 +597,19 @@ TESTS=(
     "test_health_http_checks_honour_the_status_range native"
     "test_conntrack_keeps_established_connections_through_pool_changes native"
     "test_conntrack_keeps_established_connections_through_pool_changes generic"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router native ipip"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router native gue"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic ipip"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic gue"
+    "test_encap_reload_moves_l2_to_ipip_under_traffic native"
+    "test_encap_reload_moves_l2_to_ipip_under_traffic generic"
+    "test_encap_backend_removed_under_traffic_moves_only_its_flows native"
+    "test_encap_health_check_takes_a_stopped_backend_out native"
+    "test_encap_tracked_connections_survive_a_reweight native"
+    "test_encap_tracked_connections_survive_a_reweight generic"
+    "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
+    "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
+    "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

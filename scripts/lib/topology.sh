@@ -104,9 +104,103 @@ topo_down() {
         xargs -r kill <"/tmp/$p.pids" 2>/dev/null || true
         rm -f "/tmp/$p.pids"
     fi
-    rm -f "/tmp/$p"-b*.pid "/tmp/$p"-b*.status
+    rm -f "/tmp/$p"-b*.pid "/tmp/$p"-b*.status "/tmp/$p"-b*.decap.log
     for ns in $(ip netns list | awk '{print $1}' | grep -E "^$p-" || true); do
         ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
+    done
+}
+
+# ---- the routed topology: backends in subnets of their own, behind a router ----
+#
+#   $P-client  eth0 10.98.0.2,.51-.54 / fd98::2,::51-::54 ---- c0 10.98.0.1 / fd98::1
+#   $P-lb      eth0 10.99.0.2 / fd99::2, VIPs on lo ---------- l0 10.99.0.1 / fd99::1   $P-router
+#   $P-bI      eth0 10.97.I.2 / fd97:I::2, VIPs on lo -------- bI 10.97.I.1 / fd97:I::1
+#
+# The router sends the VIPs to the load balancer (static routes; the fleet tests announce them
+# by BGP instead); the load balancer reaches backends through the router, encapsulated; each
+# backend runs `lb decap eth0` and answers clients directly through the router.
+#   topo_routed_up PREFIX N MODE   MODE as for topo_up (native: XDP_PASS on the router's l0,
+#                                   client TX checksum offload off)
+#   topo_down PREFIX               as for topo_up
+TOPO_LB=${TOPO_LB:-target/release/lb}
+TOPO_RCLIENTS4=10.98.0.2,10.98.0.51,10.98.0.52,10.98.0.53,10.98.0.54
+TOPO_RCLIENTS6=fd98::2,fd98::51,fd98::52,fd98::53,fd98::54
+
+# topo_wire NS_A DEV_A NS_B DEV_B: a veth pair between two namespaces, both ends up.
+topo_wire() {
+    ip link add "$2" netns "$1" type veth peer name "$4" netns "$3"
+    ip -n "$1" link set "$2" up
+    ip -n "$3" link set "$4" up
+}
+
+topo_routed_backend() { # PREFIX I MODE
+    local p=$1 i=$2 mode=$3 ns="$1-b$2"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    topo_wire "$p-router" "b$i" "$ns" eth0
+    ip -n "$p-router" addr add "10.97.$i.1/24" dev "b$i"
+    ip -n "$p-router" addr add "fd97:$i::1/64" dev "b$i" nodad
+    ip -n "$ns" addr add "10.97.$i.2/24" dev eth0
+    ip -n "$ns" addr add "fd97:$i::2/64" dev eth0 nodad
+    ip -n "$ns" route add default via "10.97.$i.1"
+    ip -n "$ns" -6 route add default via "fd97:$i::1"
+    ip -n "$ns" addr add "$TOPO_VIP4/32" dev lo
+    ip -n "$ns" addr add "$TOPO_VIP6/128" dev lo
+    # The decapsulated packet arrives on eth0 from a client whose route is eth0 too: strict
+    # reverse-path filtering would pass it, but the default is loosened as backend-setup.sh does.
+    topo_ns "$ns" sysctl -qw net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.eth0.rp_filter=2
+    ip netns exec "$ns" "$TOPO_LB" decap eth0 --xdp-mode "$mode" >/dev/null 2>"/tmp/$p-b$i.decap.log" &
+    disown $!
+    echo $! >>"/tmp/$p.pids"
+    ip netns exec "$ns" "$TOPO_E2E" serve "b$i" --tcp 80 --tcp 8080 --tcp 443 --udp 53 --bulk 9000 \
+        --udp-address "$TOPO_VIP4" --udp-address "$TOPO_VIP6" --http 8081 --status-file "/tmp/$p-b$i.status" >/dev/null 2>&1 &
+    echo $! >>"/tmp/$p.pids"
+    echo $! >"/tmp/$p-b$i.pid"
+}
+
+topo_routed_up() { # PREFIX N MODE
+    local p=$1 n=$2 mode=$3 i a
+    [ -x "$TOPO_E2E" ] && [ -x "$TOPO_LB" ] || { echo "topology: build first (cargo build --release --bins --examples)" >&2; return 1; }
+    topo_down "$p"
+    for a in client router lb; do
+        ip netns add "$p-$a"
+        ip -n "$p-$a" link set lo up
+    done
+    topo_ns "$p-router" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
+        net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+    topo_wire "$p-client" eth0 "$p-router" c0
+    ip -n "$p-router" addr add 10.98.0.1/24 dev c0
+    ip -n "$p-router" addr add fd98::1/64 dev c0 nodad
+    for a in ${TOPO_RCLIENTS4//,/ }; do ip -n "$p-client" addr add "$a/24" dev eth0; done
+    for a in ${TOPO_RCLIENTS6//,/ }; do ip -n "$p-client" addr add "$a/64" dev eth0 nodad; done
+    ip -n "$p-client" route add default via 10.98.0.1
+    ip -n "$p-client" -6 route add default via fd98::1
+    topo_wire "$p-lb" eth0 "$p-router" l0
+    ip -n "$p-router" addr add 10.99.0.1/24 dev l0
+    ip -n "$p-router" addr add fd99::1/64 dev l0 nodad
+    ip -n "$p-lb" addr add 10.99.0.2/24 dev eth0
+    ip -n "$p-lb" addr add fd99::2/64 dev eth0 nodad
+    ip -n "$p-lb" addr add "$TOPO_VIP4/32" dev lo
+    ip -n "$p-lb" addr add "$TOPO_VIP6/128" dev lo
+    ip -n "$p-lb" route add default via 10.99.0.1
+    ip -n "$p-lb" -6 route add default via fd99::1
+    ip -n "$p-router" route add "$TOPO_VIP4/32" via 10.99.0.2
+    ip -n "$p-router" -6 route add "$TOPO_VIP6/128" via fd99::2
+    for i in $(seq 1 "$n"); do topo_routed_backend "$p" "$i" "$mode"; done
+    if [ "$mode" = native ]; then
+        topo_ns "$p-router" "$TOPO_E2E" xdp-pass l0
+        topo_ns "$p-client" ethtool -K eth0 tx off >/dev/null
+    else
+        # Generic XDP runs after the stack has built (and merged) socket buffers: a client's
+        # 64 KB TSO segment would reach lb as one packet. Frames as on a wire: segment first.
+        topo_ns "$p-router" ethtool -K l0 tso off gso off >/dev/null
+    fi
+    for i in $(seq 1 "$n"); do
+        for _ in $(seq 1 50); do
+            topo_ns "$p-b$i" ss -ltn 2>/dev/null | grep -q ':9000 ' && grep -q serving "/tmp/$p-b$i.decap.log" && break
+            sleep 0.1
+        done
+        grep -q serving "/tmp/$p-b$i.decap.log" || { cat "/tmp/$p-b$i.decap.log" >&2; return 1; }
     done
 }
