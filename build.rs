@@ -1,6 +1,6 @@
 //! Compiles the XDP data plane (src/bpf/lb.bpf.c) into a Rust skeleton in $OUT_DIR, and next to
-//! it the backends' decapsulation program (src/bpf/decap.bpf.c) and the benchmark's floor program
-//! (src/bpf/floor.bpf.c).
+//! it the backends' decapsulation program (src/bpf/decap.bpf.c) and the benchmarks' floor program
+//! and traffic generator (src/bpf/floor.bpf.c, src/bpf/trafgen.bpf.c).
 //!
 //! Kept boring on purpose: the sources, the pinned CO-RE header for the target
 //! architecture, and a rerun trigger for every file under src/bpf.
@@ -12,10 +12,11 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 /// (source, skeleton file in $OUT_DIR)
-const PROGRAMS: [(&str, &str); 3] = [
+const PROGRAMS: [(&str, &str); 4] = [
     ("src/bpf/lb.bpf.c", "lb.skel.rs"),
     ("src/bpf/decap.bpf.c", "decap.skel.rs"),
     ("src/bpf/floor.bpf.c", "floor.skel.rs"),
+    ("src/bpf/trafgen.bpf.c", "trafgen.skel.rs"),
 ];
 
 fn main() {

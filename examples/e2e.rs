@@ -165,6 +165,11 @@ enum Cmd {
 }
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
+mod trafgen_skel {
+    include!(concat!(env!("OUT_DIR"), "/trafgen.skel.rs"));
+}
+
+#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod floor {
     include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
 }
@@ -769,8 +774,18 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     f.extend_from_slice(&[0, 0]);
     f.extend_from_slice(&[0x42; 18]);
     // In live-frame mode the program runs on frames built from this one and XDP_TX sends
-    // each out of the interface named in the context.
-    let fd = return_program(3)?;
+    // each out of the interface named in the context; the program writes the frame afresh
+    // each time (src/bpf/trafgen.bpf.c says why).
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    let mut object = std::mem::MaybeUninit::uninit();
+    let mut open = trafgen_skel::TrafgenSkelBuilder::default().open(&mut object)?;
+    anyhow::ensure!(f.len() == 60, "the generator's frame is {} bytes, not 60", f.len());
+    let words = &mut open.maps.rodata_data.as_deref_mut().context("trafgen .rodata")?.frame;
+    for (w, c) in words.iter_mut().zip(f.chunks(4)) {
+        *w = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    let skel = open.load()?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&skel.progs.trafgen_xdp));
     let ctx = libbpf_sys::xdp_md { data: 0, data_end: f.len() as u32, data_meta: 0, ingress_ifindex: ifindex, rx_queue_index: 0, egress_ifindex: 0 };
     let start = Instant::now();
     let mut sent: u64 = 0;
