@@ -533,6 +533,19 @@ test_encap_tracked_connections_survive_a_reweight() { # MODE
     say "ipip with conntrack: $(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
 }
 
+test_encap_follows_a_route_change() { # MODE
+    setup_routed "$1" ipip
+    start_lb "$1"
+    # A second address of the router becomes b1's next hop: lb hears the route change, resolves
+    # the new neighbour and sends b1's packets there.
+    ip -n "$PREFIX-router" addr add 10.99.0.3/24 dev l0
+    ip -n "$PREFIX-lb" route add 10.97.1.0/24 via 10.99.0.3
+    wait_log "backend 10.97.1.2 is now reached via 10.99.0.3" 1
+    probe "$WORK/flows" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "connections after the route change"
+    check web "$WORK/flows"
+    say "b1's next hop followed a route change (10.99.0.1 -> 10.99.0.3); 500 connections on their predicted backends"
+}
+
 test_encap_path_mtu_works_because_icmp_reaches_the_backend() { # MODE FORWARD
     setup_routed "$1" "$2"
     start_lb "$1" --stats-interval 0.5
@@ -607,6 +620,7 @@ TESTS=(
     "test_encap_health_check_takes_a_stopped_backend_out native"
     "test_encap_tracked_connections_survive_a_reweight native"
     "test_encap_tracked_connections_survive_a_reweight generic"
+    "test_encap_follows_a_route_change native"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use serde_json::{json, Value};
 
-use crate::config::{Algorithm, Service};
+use crate::config::{Algorithm, Forward, Service};
 use crate::diff::{Change, ServiceDiff};
 use crate::table::{shares, Table};
 
@@ -24,6 +24,13 @@ pub fn service_summary(s: &Service) -> String {
     );
     if s.algorithm == Algorithm::Ring {
         let _ = write!(line, " vnodes_per_weight={}", s.vnodes_per_weight);
+    }
+    match s.forward {
+        Forward::L2 => {}
+        Forward::Ipip => line.push_str(" forward=ipip"),
+        Forward::Gue => {
+            let _ = write!(line, " forward=gue gue_port={}", s.gue_port);
+        }
     }
     if live == 0 {
         line.push_str(" [empty table: traffic to this service is dropped]");
@@ -113,6 +120,7 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
         "port": s.port,
         "protocol": s.protocol.as_str(),
         "hash": s.hash.as_str(),
+        "forward": s.forward.as_str(),
         "algorithm": s.algorithm.as_str(),
         "slots": s.slots,
         "backends": backends,

@@ -145,14 +145,17 @@ topo_routed_backend() { # PREFIX I MODE
     ip -n "$ns" addr add "fd97:$i::2/64" dev eth0 nodad
     ip -n "$ns" route add default via "10.97.$i.1"
     ip -n "$ns" -6 route add default via "fd97:$i::1"
-    ip -n "$ns" addr add "$TOPO_VIP4/32" dev lo
-    ip -n "$ns" addr add "$TOPO_VIP6/128" dev lo
-    # The decapsulated packet arrives on eth0 from a client whose route is eth0 too: strict
-    # reverse-path filtering would pass it, but the default is loosened as backend-setup.sh does.
-    topo_ns "$ns" sysctl -qw net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.eth0.rp_filter=2
-    ip netns exec "$ns" "$TOPO_LB" decap eth0 --xdp-mode "$mode" >/dev/null 2>"/tmp/$p-b$i.decap.log" &
+    # The backend as scripts/backend-setup.sh prepares one: VIPs on lo, ARP and reverse-path
+    # settings, then `lb decap eth0` in the foreground (here in the background).
+    LB="$TOPO_LB" ip netns exec "$ns" scripts/backend-setup.sh --vip "$TOPO_VIP4" --vip "$TOPO_VIP6" --iface eth0 lb \
+        --xdp-mode "$mode" >/dev/null 2>"/tmp/$p-b$i.decap.log" &
     disown $!
     echo $! >>"/tmp/$p.pids"
+    # The server binds UDP to the VIPs: wait until the script has added them.
+    for _ in $(seq 1 50); do
+        ip -n "$ns" addr show dev lo | grep -q "$TOPO_VIP6" && break
+        sleep 0.05
+    done
     ip netns exec "$ns" "$TOPO_E2E" serve "b$i" --tcp 80 --tcp 8080 --tcp 443 --udp 53 --bulk 9000 \
         --udp-address "$TOPO_VIP4" --udp-address "$TOPO_VIP6" --http 8081 --status-file "/tmp/$p-b$i.status" >/dev/null 2>&1 &
     echo $! >>"/tmp/$p.pids"
