@@ -118,6 +118,18 @@ wait_log() { # PATTERN COUNT: until lb.log has COUNT lines matching
     fail "no log line matching '$1'"
 }
 
+# Opens CONNECTIONS long-lived connections to 10.99.0.100:80 from SOURCES that keep talking for
+# SECONDS (e2e hold); sets HOLD to the holder's pid once every connection is open.
+hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
+    local sources=$1 n=$2 secs=$3
+    shift 3
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$sources" \
+        --connections "$n" --seconds "$secs" --ready-file "$WORK/ready" "$@" 2>"$WORK/hold.log" &
+    HOLD=$!
+    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
+    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+}
+
 xdp_attached() { ip -n "$PREFIX-lb" -d link show dev eth0 | grep -q 'prog/xdp'; }
 
 # ---- the tests ----
@@ -201,11 +213,8 @@ test_reload_under_traffic_moves_only_what_it_must() { # MODE
 test_long_lived_connections_survive_a_reload() { # MODE
     setup "$1"
     start_lb "$1"
-    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
-        --connections 60 --seconds 3 --ready-file "$WORK/ready" 2>"$WORK/hold.log" &
-    local h=$!
-    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
-    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    hold_open "$TOPO_CLIENTS4" 60 3
+    local h=$HOLD
     # A reload that does not touch web: dns changes, a service is added.
     sed -i 's/    port: 53/    port: 5353/' "$WORK/pool.yaml"
     wait_log "dns changed" 1
@@ -341,11 +350,8 @@ test_conntrack_keeps_established_connections_through_pool_changes() { # MODE
     setup "$1" 5
     web_pool "$WORK/pool.yaml" "1:1 2:1 3:2" ring
     start_lb "$1"
-    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
-        --connections 300 --seconds 6 --ready-file "$WORK/ready" --allow-broken-on b2 2>"$WORK/hold.log" &
-    local h=$!
-    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
-    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    hold_open "$TOPO_CLIENTS4" 300 6 --allow-broken-on b2
+    local h=$HOLD
     # Reweight every backend, add two, remove one, switch ring -> maglev: lb diff predicts each
     # change's moved slots, and the reload writes exactly those.
     local n=0 step prev="$WORK/pool.yaml.prev"
@@ -462,11 +468,8 @@ test_encap_reload_moves_l2_to_ipip_under_traffic() { # MODE
     done
     sed -i 's/    conntrack: off/    conntrack: on/' "$WORK/pool.yaml"
     start_lb "$1"
-    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
-        --connections 100 --seconds 4 --ready-file "$WORK/ready" 2>"$WORK/hold.log" &
-    local h=$!
-    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
-    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    hold_open "$TOPO_CLIENTS4" 100 4
+    local h=$HOLD
     probe "$WORK/during" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 300 &
     local p=$!
     sleep 0.2
@@ -522,11 +525,8 @@ test_encap_tracked_connections_survive_a_reweight() { # MODE
     setup_routed "$1" ipip
     routed_pool "$WORK/pool.yaml" ipip "1 2 3" on
     start_lb "$1"
-    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" \
-        --connections 100 --seconds 3 --ready-file "$WORK/ready" 2>"$WORK/hold.log" &
-    local h=$!
-    for _ in $(seq 1 100); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
-    [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    hold_open "$TOPO_RCLIENTS4" 100 3
+    local h=$HOLD
     sed -i '/name: web$/,/backends:/ s/{address: 10.97.1.2, name: b1}/{address: 10.97.1.2, name: b1, weight: 5}/' "$WORK/pool.yaml"
     wait_log "b1 weight 1 -> 5" 1
     wait "$h" || { cat "$WORK/hold.log" >&2; fail "a tracked connection broke on a reweight"; }

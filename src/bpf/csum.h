@@ -13,7 +13,7 @@ static __always_inline __u16 csum_fold(__u64 sum)
 	return (__u16)~sum;
 }
 
-/* The header checksum of a 20-byte IPv4 header whose check field is zero. */
+/* The header checksum of a 20-byte IPv4 header whose check field is zero (see ipv4_csum_ok). */
 static __always_inline __u16 ipv4_csum(const void *iph)
 {
 	const __u16 *w = iph;
@@ -25,16 +25,11 @@ static __always_inline __u16 ipv4_csum(const void *iph)
 	return csum_fold(sum);
 }
 
-/* Whether a 20-byte IPv4 header's checksum is right. */
+/* Whether a 20-byte IPv4 header's checksum is right: summed with its check field, a right
+ * header folds to zero. */
 static __always_inline int ipv4_csum_ok(const void *iph)
 {
-	const __u16 *w = iph;
-	__u64 sum = 0;
-
-#pragma unroll
-	for (int i = 0; i < 10; i++)
-		sum += w[i];
-	return csum_fold(sum) == 0;
+	return ipv4_csum(iph) == 0;
 }
 
 /* Adds the `len` bytes at `p` (len even, at most 2 * max_words) to `sum`, reading no byte past

@@ -87,13 +87,7 @@ impl Decap {
 
     /// Runs the program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame).
     pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
-        let mut out = vec![0u8; frame.len() + 256];
-        let input = libbpf_rs::ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
-        let output = self.skel.progs.lb_decap.test_run(input).context("BPF_PROG_TEST_RUN")?;
-        let len = output.data.as_ref().map_or(0, |d| d.len());
-        let action = output.return_value;
-        out.truncate(len);
-        Ok((action, out))
+        super::test_run_once(&self.skel.progs.lb_decap, frame)
     }
 }
 

@@ -401,13 +401,7 @@ impl Dataplane {
 
     /// Runs the program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame).
     pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
-        let mut out = vec![0u8; frame.len() + 256];
-        let input = libbpf_rs::ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
-        let output = self.skel.progs.lb_xdp.test_run(input).context("BPF_PROG_TEST_RUN")?;
-        let len = output.data.as_ref().map_or(0, |d| d.len());
-        let action = output.return_value;
-        out.truncate(len);
-        Ok((action, out))
+        test_run_once(&self.skel.progs.lb_xdp, frame)
     }
 
     /// Runs the program `repeat` times on `frame` in one BPF_PROG_TEST_RUN (the kernel reuses one
@@ -432,6 +426,18 @@ impl Dataplane {
         let per_cpu = self.skel.maps.stats.lookup_percpu(&stat.0.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
         Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
     }
+}
+
+/// Runs an XDP program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame,
+/// which may be longer or shorter than the input).
+fn test_run_once(prog: &libbpf_rs::ProgramMut<'_>, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+    let mut out = vec![0u8; frame.len() + 256];
+    let input = libbpf_rs::ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
+    let output = prog.test_run(input).context("BPF_PROG_TEST_RUN")?;
+    let len = output.data.as_ref().map_or(0, |d| d.len());
+    let action = output.return_value;
+    out.truncate(len);
+    Ok((action, out))
 }
 
 /// The table_slots array mapped into this process (the map is BPF_F_MMAPABLE). Its elements are
