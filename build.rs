@@ -37,17 +37,40 @@ fn main() {
     let mut bpf_dir = OsString::from("-I");
     bpf_dir.push(manifest.join("src").join("bpf").as_os_str());
 
+    // The upgrade test builds a second binary whose flow value has one more field.
+    let layout_test = env::var_os("CARGO_FEATURE_LAYOUT_TEST").is_some();
+    let mut args = vec![include.clone(), bpf_dir.clone(), OsString::from("-Wall"), OsString::from("-Werror")];
+    if layout_test {
+        args.push(OsString::from("-DLB_LAYOUT_TEST"));
+    }
     for (src, skel) in PROGRAMS {
         SkeletonBuilder::new()
             .source(manifest.join(src))
-            .clang_args([include.clone(), bpf_dir.clone(), OsString::from("-Wall"), OsString::from("-Werror")])
+            .clang_args(args.clone())
             .build_and_generate(out_dir.join(skel))
             .unwrap_or_else(|e| panic!("building the BPF skeleton from {src} failed: {e:#}"));
     }
+
+    // The identity of what a pinned data plane holds (lb.h's structs as compiled) and of the
+    // program itself: a controller adopting a pinned data plane reuses its maps only when the
+    // layout is this one, and replaces the program when it differs.
+    let header = std::fs::read(manifest.join("src/bpf/lb.h")).expect("src/bpf/lb.h is readable");
+    let mut layout = fnv1a(&header);
+    if layout_test {
+        layout = fnv1a(&[&layout.to_le_bytes()[..], b"layout-test"].concat());
+    }
+    let object = std::fs::read(out_dir.join("lb.skel.rs")).expect("the skeleton was just written");
+    println!("cargo:rustc-env=LB_LAYOUT_HASH={layout}");
+    println!("cargo:rustc-env=LB_PROGRAM_HASH={}", fnv1a(&object));
 
     for entry in std::fs::read_dir(manifest.join("src").join("bpf")).expect("src/bpf exists") {
         let path = entry.expect("readable src/bpf entry").path();
         println!("cargo:rerun-if-changed={}", path.display());
     }
     println!("cargo:rerun-if-changed={}", vmlinux_dir.join("vmlinux.h").display());
+}
+
+/// FNV-1a, 64 bits: enough to tell two builds apart, and no dependency for the build script.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }

@@ -62,6 +62,8 @@ pub struct Plan {
     /// `--encap-source`: the outer source of encapsulated packets, at most one per family, with
     /// how many leading bits stay fixed (the rest vary with the flow).
     pub encap_sources: Vec<(IpAddr, u8)>,
+    /// `--pin`: the root of bpffs pins; the data plane outlives this process.
+    pub pin: Option<PathBuf>,
 }
 
 /// Outer sources of encapsulated packets, per family.
@@ -147,10 +149,21 @@ pub(crate) fn log(msg: impl AsRef<str>) {
 }
 
 pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
+    let started_ms = lb::dataplane::pin::now_ms();
     check_privileges()?;
     let ifc = link::interface(&plan.iface)?;
+    let (pinning, found) = match &plan.pin {
+        Some(root) => {
+            let (p, f) = crate::persist::prepare(root, &ifc)?;
+            (Some(p), f)
+        }
+        None => (None, None),
+    };
     if let Some(a) = link::attached(ifc.ifindex).with_context(|| format!("querying {}'s XDP program", ifc.name))? {
-        return Err(already_attached(&ifc, Some(a)));
+        // A pinned data plane being adopted is attached, of course; anything else is not ours.
+        if found.as_ref().is_none_or(|f| f.prog_id != a.prog_id) {
+            return Err(already_attached(&ifc, Some(a)));
+        }
     }
     let mut nl = netlink::Socket::open().context("opening a netlink socket")?;
     let text = String::from_utf8_lossy(content);
@@ -190,7 +203,13 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         }
     };
 
-    let mut dp = Dataplane::load_sized(plan.table_capacity, plan.conntrack_size)?;
+    let reuse = match (&pinning, &found) {
+        (Some(p), Some(f)) => {
+            Some(lb::dataplane::Reuse { dir: p.dir.clone(), same_layout: f.same_layout, old_prog_id: f.prog_id })
+        }
+        _ => None,
+    };
+    let (mut dp, fresh) = Dataplane::load_with(plan.table_capacity, plan.conntrack_size, reuse.as_ref())?;
     dp.set_conntrack_timeouts(plan.conntrack_timeouts.0, plan.conntrack_timeouts.1)?;
     let mtu = interface_mtu(&ifc);
     dp.set_mtu(mtu)?;
@@ -198,17 +217,32 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     for (&addr, &hop) in &via {
         dp.set_via(addr, hop)?;
     }
-    dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("filling the BPF maps")?;
-    let xdp = attach_with_mode(dp.program_fd(), &ifc, plan.mode)?;
-    log(format!(
-        "attached to {} (ifindex {}, {}) in {} mode: XDP program id {}, link id {}",
-        ifc.name,
-        ifc.ifindex,
-        mac_text(&ifc.mac),
-        xdp.mode.as_str(),
-        xdp.prog_id,
-        xdp.link_id
-    ));
+    let xdp = match (&pinning, found) {
+        (Some(p), Some(f)) => adopt(&mut dp, &pool, &ifc, &macs, p, f, &fresh, started_ms)?,
+        _ => {
+            dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("filling the BPF maps")?;
+            let xdp = attach_with_mode(dp.program_fd(), &ifc, plan.mode)?;
+            log(format!(
+                "attached to {} (ifindex {}, {}) in {} mode: XDP program id {}, link id {}",
+                ifc.name,
+                ifc.ifindex,
+                mac_text(&ifc.mac),
+                xdp.mode.as_str(),
+                xdp.prog_id,
+                xdp.link_id
+            ));
+            if let Some(p) = &pinning {
+                dp.pin_maps(&p.dir, None)?;
+                lb::dataplane::pin::pin_fd(&xdp.as_fd(), &p.dir.join(lb::dataplane::pin::LINK))?;
+                dp.write_meta(lb::dataplane::pin::now_ms(), Some((std::process::id(), started_ms)), ifc.ifindex)?;
+                log(format!(
+                    "pinned at {}: the data plane stays attached and forwarding when this process exits",
+                    p.dir.display()
+                ));
+            }
+            Attachment::Link(xdp)
+        }
+    };
     if pool.services.iter().any(|s| s.forward.encapsulates()) {
         log(format!("encapsulated packets: {}; MTU {mtu}", describe_sources(&sources)));
     }
@@ -232,7 +266,11 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
             ));
         }
     }
-    log(format!("serving; watching {} for changes (SIGHUP reloads too); Ctrl-C or SIGTERM detaches", plan.config.display()));
+    log(format!(
+        "serving; watching {} for changes (SIGHUP reloads too); Ctrl-C or SIGTERM {}",
+        plan.config.display(),
+        if plan.pin.is_some() { "stops lb and leaves the data plane pinned (lb detach removes it)" } else { "detaches" }
+    ));
 
     let mut server = Server {
         plan: &plan,
@@ -262,15 +300,86 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     drop(xdp);
     let snap = dp.snapshot()?;
     let drops: Vec<String> = snap.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
-    log(format!(
-        "{stop}: detached from {}; forwarded {}, passed {}, dropped {} ({})",
-        ifc.name,
-        snap.forwarded,
-        snap.passed,
-        snap.dropped(),
-        drops.join(" ")
-    ));
+    let what = match &pinning {
+        Some(p) => {
+            dp.write_meta(attached_ms_of(&p.dir), None, ifc.ifindex)?;
+            format!(
+                "left the data plane on {} attached and pinned at {}; it forwards with its current tables, and health \
+                 checks and reloads wait for the next `lb attach --pin`",
+                ifc.name,
+                p.dir.display()
+            )
+        }
+        None => format!("detached from {}", ifc.name),
+    };
+    log(format!("{stop}: {what}; forwarded {}, passed {}, dropped {} ({})", snap.forwarded, snap.passed, snap.dropped(), drops.join(" ")));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What keeps the program on the interface while this process runs. Held, never read: without
+/// --pin, dropping it is what detaches.
+#[allow(dead_code)]
+enum Attachment {
+    /// A link this process made (pinned too, with --pin).
+    Link(link::XdpLink),
+    /// An adopted pinned link.
+    Pinned(std::os::fd::OwnedFd),
+}
+
+/// When the pinned data plane was first attached, as its lb_meta says.
+fn attached_ms_of(dir: &Path) -> u64 {
+    lb::dataplane::PinnedMaps::open(dir).ok().and_then(|m| m.meta().ok().flatten()).map_or(0, |m| m.attached_ms)
+}
+
+/// Takes over a pinned data plane: rebuilds the state from its maps, applies the pool as a
+/// reload (only what differs is written), carries the flow table over if its layout changed,
+/// and replaces the program in the pinned link atomically.
+#[allow(clippy::too_many_arguments)]
+fn adopt(
+    dp: &mut Dataplane,
+    pool: &Pool,
+    ifc: &Interface,
+    macs: &HashMap<IpAddr, [u8; 6]>,
+    p: &crate::persist::Pinning,
+    f: crate::persist::Found,
+    fresh: &[&str],
+    started_ms: u64,
+) -> Result<Attachment> {
+    let t0 = Instant::now();
+    dp.adopt(pool).context("reading the pinned data plane's state")?;
+    let applied = dp.install(pool, ifc.mac, &|a| macs.get(&a).copied()).context("applying the pool to the adopted maps")?;
+    let flows_path = p.dir.join("flows");
+    let carry = fresh.contains(&"flows");
+    let mut carried = 0;
+    if carry {
+        carried += dp.carry_flows(&flows_path, f.prog_id)?;
+    }
+    lb::dataplane::pin::link_update(&f.link, &dp.program_fd())?;
+    if carry {
+        // Flows the old program made while the first copy ran.
+        carried += dp.carry_flows(&flows_path, f.prog_id)?;
+    }
+    if !fresh.is_empty() {
+        dp.pin_maps(&p.dir, Some(fresh))?;
+    }
+    dp.write_meta(f.attached_ms, Some((std::process::id(), started_ms)), ifc.ifindex)?;
+    let new_prog = dp.program_id()?;
+    log(format!(
+        "adopted the data plane pinned at {} on {} (link {}): program {} -> {}{}; {} in {:.1} ms",
+        p.dir.display(),
+        ifc.name,
+        f.link_id,
+        f.prog_id,
+        new_prog,
+        if f.same_layout {
+            String::new()
+        } else {
+            format!(" (an upgrade: new maps for {}; {carried} tracked flows carried over)", fresh.join(", "))
+        },
+        describe_touched(&applied.touched),
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
+    Ok(Attachment::Pinned(f.link))
 }
 
 /// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise.

@@ -13,6 +13,7 @@ use lb::{diff, report, table};
 
 mod attach;
 mod decap;
+mod persist;
 mod probe;
 mod watch;
 
@@ -88,6 +89,30 @@ enum Command {
         /// family that is not a VIP, fixed.
         #[arg(long, value_name = "ADDR[/LEN]", value_parser = address_prefix)]
         encap_source: Vec<(std::net::IpAddr, u8)>,
+        /// Pin the XDP link and every map under --pin-dir, so the data plane keeps forwarding
+        /// after this process exits; a later `lb attach --pin` adopts it (or upgrades it).
+        #[arg(long)]
+        pin: bool,
+        /// The bpffs directory for pins (mounted if it is an empty directory of another
+        /// filesystem); one subdirectory per network namespace and interface.
+        #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+    /// Remove a pinned data plane: detach its program from IFACE and remove its pins.
+    Detach {
+        #[arg(value_name = "IFACE")]
+        iface: String,
+        #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+    /// Show a pinned data plane from its maps: program, controller, services, backends, counters.
+    Status {
+        #[arg(value_name = "IFACE")]
+        iface: String,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
     },
     /// Strip lb's IPIP and GUE encapsulation from packets addressed to this host, on IFACE: the
     /// backend side of `forward: ipip | gue`, for hosts without the kernel's tunnel drivers.
@@ -188,6 +213,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             reload_delay,
             recheck_interval,
             encap_source,
+            pin,
+            pin_dir,
         } => {
             drop(out);
             let v4 = encap_source.iter().filter(|a| a.0.is_ipv4()).count();
@@ -215,8 +242,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 reload_delay,
                 recheck_interval,
                 encap_sources: encap_source,
+                pin: pin.then_some(pin_dir),
             };
             return attach::run(plan, pool, &content);
+        }
+        Command::Detach { iface, pin_dir } => {
+            drop(out);
+            return persist::detach(&iface, &pin_dir);
+        }
+        Command::Status { iface, json, pin_dir } => {
+            drop(out);
+            return persist::status(&iface, &pin_dir, json);
         }
         Command::Decap { iface, gue_port, xdp_mode, stats_interval } => {
             drop(out);

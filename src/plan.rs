@@ -49,6 +49,8 @@ pub struct Route {
     /// How packets reach the backends, and the GUE port.
     pub forward: Forward,
     pub gue_port: u16,
+    /// The length of the table's range in the table array (`slots` may be 0: an empty table).
+    pub table_len: u32,
 }
 
 /// What a vip_index entry holds.
@@ -64,8 +66,14 @@ pub enum IndexEntry {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// Write backend `id`'s record for `address` (its MAC as currently known). `alive`: tracked
-    /// flows may still use it (false once it is removed or down).
-    Backend { id: u32, address: IpAddr, alive: bool },
+    /// flows may still use it (false once it is removed or down). `in_pool`: the id belongs to a
+    /// backend of the pool (false once it is retired).
+    Backend { id: u32, address: IpAddr, alive: bool, in_pool: bool },
+    /// Write whose backend `id` is (read back by a controller that adopts a pinned data plane),
+    /// before its record; `name` is its identity.
+    Meta { id: u32, meta: BackendMeta, name: String },
+    /// Record (or, with None, forget) the name of the service at `key`, for `lb status`.
+    ServiceName { key: RouteKey, name: Option<String> },
     /// Backend `id` is given to a new backend: zero its traffic counters and bump its generation,
     /// so that flows tracked to the id's previous owner no longer count.
     ResetCounters { id: u32 },
@@ -79,6 +87,21 @@ pub enum Op {
     HashDelete { key: RouteKey },
     /// Set vip_index entry `index` (None: no route).
     Index { index: u32, entry: Option<IndexEntry> },
+}
+
+/// Whose a backend id is: its service, the hash of its identity, its weight and state. Kept in
+/// the data plane's backend_meta map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendMeta {
+    pub service: RouteKey,
+    pub identity: u64,
+    pub weight: u32,
+    pub state: crate::config::BackendState,
+}
+
+/// The hash of a backend identity that backend_meta keeps.
+pub fn identity_hash(identity: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(identity.as_bytes(), 0)
 }
 
 /// Limits of the loaded program's maps.
@@ -338,6 +361,137 @@ fn coalesce(ranges: &mut Vec<(u32, u32)>) {
     *ranges = out;
 }
 
+/// What a pinned data plane's maps hold, as read back by a controller that adopts it: the input
+/// of [`State::rebuild`]. Kernel-free, so the rebuilding is tested without root.
+#[derive(Debug, Clone, Default)]
+pub struct LiveMaps {
+    /// Non-empty vip_index entries: (index, entry).
+    pub index: Vec<(u32, IndexEntry)>,
+    /// Entries of the routes array that hold a route: (id, route).
+    pub routes: Vec<(u32, Route)>,
+    /// The services hash map.
+    pub hashed: Vec<Route>,
+    /// Backend ids whose record says they belong to the pool: (id, address, alive, meta).
+    pub backends: Vec<(u32, IpAddr, bool, BackendMeta)>,
+}
+
+impl State {
+    /// The state a data plane's maps are in, rebuilt from the maps themselves (no side file that
+    /// could disagree with them), named after `pool` where it can be: a service takes the name
+    /// of the pool's service with its key, a backend the identity of the pool's backend whose
+    /// identity hashes the same. Anything the maps hold that nothing reaches (a change that was
+    /// interrupted) counts as free. `slot_at(i)` reads entry i of the table array. Returns the
+    /// state and the ids that claim to be in the pool but are not adopted (two ids claiming one
+    /// backend after an interrupted change): the caller retires them.
+    pub fn rebuild(
+        live: &LiveMaps,
+        pool: &Pool,
+        limits: &Limits,
+        index_of: &dyn Fn(&RouteKey) -> u32,
+        slot_at: &dyn Fn(u32) -> u32,
+    ) -> (State, Vec<(u32, IpAddr)>) {
+        let routes: BTreeMap<u32, Route> = live.routes.iter().copied().collect();
+        let mut st = State { initialized: true, ..State::default() };
+        // 1. What the index reaches: each key's route (and its id, where one holds it).
+        let mut reached: BTreeMap<RouteKey, (Option<u32>, Route)> = BTreeMap::new();
+        for &(idx, entry) in &live.index {
+            match entry {
+                IndexEntry::Route(id) => {
+                    if let Some(r) = routes.get(&id).filter(|r| index_of(&r.key) == idx) {
+                        reached.insert(r.key, (Some(id), *r));
+                        st.index.insert(idx, entry);
+                    }
+                }
+                IndexEntry::Shared => {
+                    st.index.insert(idx, entry);
+                    for r in live.hashed.iter().filter(|r| index_of(&r.key) == idx) {
+                        let id = routes.iter().find(|(_, v)| *v == r).map(|(id, _)| *id);
+                        reached.insert(r.key, (id, *r));
+                    }
+                }
+            }
+        }
+        st.hashed = live.hashed.iter().map(|r| r.key).collect();
+        for (key, (id, route)) in &reached {
+            if let Some(id) = id {
+                st.keys.insert(*key, *id);
+                st.routes.insert(*id, *route);
+            }
+        }
+        // 2. Backends by service; one id per identity (the one owning the most slots).
+        let mut by_service: BTreeMap<RouteKey, Vec<(u32, IpAddr, bool, BackendMeta)>> = BTreeMap::new();
+        for b in &live.backends {
+            by_service.entry(b.3.service).or_default().push(*b);
+        }
+        let mut retire = Vec::new();
+        let mut used_ranges: Vec<(u32, u32)> = Vec::new();
+        for (key, (_, route)) in reached.iter().filter(|(k, _)| k.port != 0) {
+            let owners: Vec<u32> = (0..route.table_len).map(|i| slot_at(route.base + i)).collect();
+            used_ranges.push((route.base, route.table_len));
+            let configured = pool.services.iter().find(|s| service_key(s) == *key);
+            let mut claims = by_service.remove(key).unwrap_or_default();
+            let slots_of = |id: u32| owners.iter().filter(|&&o| o == id).count();
+            claims.sort_by_key(|c| (std::cmp::Reverse(slots_of(c.0)), c.0));
+            let mut seen = HashSet::new();
+            let mut backends = Vec::new();
+            for (id, address, _alive, meta) in claims {
+                if !seen.insert(meta.identity) {
+                    retire.push((id, address));
+                    continue;
+                }
+                let identity = configured
+                    .and_then(|s| s.backends.iter().map(|b| b.identity()).find(|i| identity_hash(i) == meta.identity))
+                    .unwrap_or_else(|| format!("#{:016x}", meta.identity));
+                backends.push(LiveBackend { id, identity, address, weight: meta.weight, state: meta.state });
+            }
+            let name = configured.map_or_else(|| format!("({})", endpoint_of(key)), |s| s.name.clone());
+            st.services.push(LiveService {
+                name,
+                endpoint: endpoint_of(key),
+                key: *key,
+                hash: route.hash,
+                slots: route.table_len,
+                base: route.base,
+                owners,
+                backends,
+                empty: route.slots == 0,
+                conntrack: route.conntrack,
+                forward: route.forward,
+                gue_port: route.gue_port,
+            });
+        }
+        // Backends of services nothing reaches any more: retired.
+        retire.extend(by_service.into_values().flatten().map(|b| (b.0, b.1)));
+        // 3. The allocators: everything not in use is free.
+        let used_routes: BTreeSet<u32> = st.keys.values().copied().collect();
+        st.next_route = used_routes.iter().max().copied().unwrap_or(0).min(limits.max_route_id);
+        st.free_routes = (1..=st.next_route).filter(|id| !used_routes.contains(id)).collect();
+        let used_backends: BTreeSet<u32> = st.services.iter().flat_map(|s| &s.backends).map(|b| b.id).collect();
+        let highest = live.backends.iter().map(|b| b.0).chain(used_backends.iter().copied()).max().unwrap_or(0);
+        st.next_backend = highest.min(limits.max_backend_id);
+        st.free_backends = (1..=st.next_backend).filter(|id| !used_backends.contains(id)).rev().collect();
+        used_ranges.sort_unstable();
+        let mut at = 0u32;
+        for (base, len) in used_ranges {
+            if base > at {
+                st.free_ranges.push((at, base - at));
+            }
+            at = at.max(base.saturating_add(len));
+        }
+        if at < limits.capacity {
+            st.free_ranges.push((at, limits.capacity - at));
+        }
+        (st, retire)
+    }
+}
+
+fn endpoint_of(k: &RouteKey) -> String {
+    match k.addr {
+        IpAddr::V4(a) => format!("{a}:{}/{}", k.port, k.proto.as_str()),
+        IpAddr::V6(a) => format!("[{a}]:{}/{}", k.port, k.proto.as_str()),
+    }
+}
+
 pub fn service_key(s: &Service) -> RouteKey {
     RouteKey { addr: s.vip, port: s.port, proto: s.protocol }
 }
@@ -393,10 +547,14 @@ pub fn plan(
             let identity = b.identity();
             let prev = old_by_identity.get(identity.as_str()).copied();
             let alive = b.state != crate::config::BackendState::Down;
+            let meta = BackendMeta { service: service_key(s), identity: identity_hash(&identity), weight: b.weight, state: b.state };
             let id = match prev {
                 Some(p) => {
+                    if p.weight != b.weight || p.state != b.state || p.address != b.address {
+                        ops.push(Op::Meta { id: p.id, meta, name: identity.clone() });
+                    }
                     if p.address != b.address || (p.state != crate::config::BackendState::Down) != alive {
-                        ops.push(Op::Backend { id: p.id, address: b.address, alive });
+                        ops.push(Op::Backend { id: p.id, address: b.address, alive, in_pool: true });
                     }
                     p.id
                 }
@@ -405,7 +563,8 @@ pub fn plan(
                     // The generation first: flows tracked to the id's previous owner must not
                     // count once the record says alive.
                     ops.push(Op::ResetCounters { id });
-                    ops.push(Op::Backend { id, address: b.address, alive });
+                    ops.push(Op::Meta { id, meta, name: identity.clone() });
+                    ops.push(Op::Backend { id, address: b.address, alive, in_pool: true });
                     id
                 }
             };
@@ -484,7 +643,7 @@ pub fn plan(
     for b in state.services.iter().flat_map(|s| &s.backends) {
         if !kept_ids.contains(&b.id) {
             // Flows tracked to a removed backend re-hash from now on.
-            ops.push(Op::Backend { id: b.id, address: b.address, alive: false });
+            ops.push(Op::Backend { id: b.id, address: b.address, alive: false, in_pool: false });
             st.retired_backends.push((now, b.id));
         }
     }
@@ -507,6 +666,7 @@ pub fn plan(
                 conntrack: s.conntrack,
                 forward: s.forward,
                 gue_port: s.gue_port,
+                table_len: s.slots,
             },
         );
         per_vip.entry((s.key.addr, s.key.proto)).or_default().push(s);
@@ -529,6 +689,7 @@ pub fn plan(
                 conntrack: false,
                 forward: s.forward,
                 gue_port: s.gue_port,
+                table_len: s.slots,
             },
         );
     }
@@ -594,6 +755,19 @@ pub fn plan(
         }
     }
 
+    // 7. Names, for lb status (the data plane never reads them).
+    let new_keys: HashSet<RouteKey> = new_services.iter().map(|s| s.key).collect();
+    for o in &state.services {
+        if !new_keys.contains(&o.key) {
+            ops.push(Op::ServiceName { key: o.key, name: None });
+        }
+    }
+    for s in &new_services {
+        if old_services.get(s.name.as_str()).is_none_or(|o| o.key != s.key || o.name != s.name) {
+            ops.push(Op::ServiceName { key: s.key, name: Some(s.name.clone()) });
+        }
+    }
+
     st.services = new_services;
     st.keys = keys;
     st.routes = routes;
@@ -630,6 +804,9 @@ mod tests {
     #[derive(Default, Clone)]
     struct Maps {
         backends: HashMap<u32, IpAddr>,
+        /// Per backend id: (alive, in the pool), and its meta.
+        flags: HashMap<u32, (bool, bool)>,
+        meta: HashMap<u32, BackendMeta>,
         slots: HashMap<u32, u32>,
         routes: HashMap<u32, Route>,
         hash: HashMap<RouteKey, Route>,
@@ -640,10 +817,15 @@ mod tests {
         fn apply(&mut self, ops: &[Op]) {
             for op in ops {
                 match op {
-                    Op::Backend { id, address, .. } => {
+                    Op::Backend { id, address, alive, in_pool } => {
+                        assert!(!*in_pool || self.meta.contains_key(id), "backend {id} in the pool before its meta");
                         self.backends.insert(*id, *address);
+                        self.flags.insert(*id, (*alive, *in_pool));
                     }
-                    Op::ResetCounters { .. } => {}
+                    Op::Meta { id, meta, .. } => {
+                        self.meta.insert(*id, *meta);
+                    }
+                    Op::ResetCounters { .. } | Op::ServiceName { .. } => {}
                     Op::Slots(entries) => {
                         for (i, id) in entries {
                             assert!(*id == 0 || self.backends.contains_key(id), "slot {i} names backend {id} before its record");
@@ -693,6 +875,21 @@ mod tests {
             }
         }
 
+        /// What a controller adopting these maps reads back.
+        fn live(&self) -> LiveMaps {
+            LiveMaps {
+                index: self.index.iter().map(|(i, e)| (*i, *e)).collect(),
+                routes: self.routes.iter().map(|(i, r)| (*i, *r)).collect(),
+                hashed: self.hash.values().copied().collect(),
+                backends: self
+                    .flags
+                    .iter()
+                    .filter(|(_, f)| f.1)
+                    .map(|(id, f)| (*id, self.backends[id], f.0, self.meta[id]))
+                    .collect(),
+            }
+        }
+
         /// The addresses a service's table sends each slot to.
         fn table(&self, key: &RouteKey) -> Vec<Option<IpAddr>> {
             let r = self.lookup(key).expect("route");
@@ -711,6 +908,65 @@ mod tests {
   - {name: dns, vip: 10.0.0.100, port: 53, protocol: udp, slots: 1009, hash: flow, backends: [10.0.0.1, 10.0.0.2]}
   - {name: alt, vip: 10.0.0.100, port: 60, slots: 1009, backends: [10.0.0.4]}
 ";
+
+    #[test]
+    fn a_state_rebuilt_from_the_maps_repairs_any_interrupted_change_and_writes_only_what_differs() {
+        let t0 = Instant::now();
+        let p1 = pool(A);
+        let first = run(&State::default(), &p1, t0);
+        let mut maps = Maps::default();
+        maps.apply(&first.ops);
+        // A change of every kind: a backend removed, one added, a service resized, one removed,
+        // one added.
+        let p2 = pool(
+            &A.replace("10.0.0.1, 10.0.0.2, 10.0.0.3", "10.0.0.1, 10.0.0.3, 10.0.0.9")
+                .replace("port: 53, protocol: udp, slots: 1009", "port: 53, protocol: udp, slots: 2003")
+                .replace("{name: alt, vip: 10.0.0.100, port: 60, slots: 1009, backends: [10.0.0.4]}", "{name: new, vip: 10.0.0.101, port: 61, slots: 1009, backends: [10.0.0.5]}"),
+        );
+        let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
+        for cut in 0..=second.ops.len() {
+            // The controller died after `cut` writes; a new one adopts the maps with the file.
+            let mut m = maps.clone();
+            m.apply(&second.ops[..cut]);
+            let (st, retire) = State::rebuild(&m.live(), &p2, &LIMITS, &index_of, &|i| m.slots.get(&i).copied().unwrap_or(0));
+            // Ids that claim to be in the pool but nothing reaches are retired first, as
+            // Dataplane::adopt does.
+            let retired: Vec<Op> = retire.iter().map(|&(id, address)| Op::Backend { id, address, alive: false, in_pool: false }).collect();
+            m.apply(&retired);
+            let third = run(&st, &p2, t0 + Duration::from_secs(2));
+            m.apply(&third.ops);
+            for s in &p2.services {
+                assert_eq!(m.table(&service_key(s)), expected(&p2, &s.name), "cut {cut}: {}", s.name);
+            }
+            for s in &p1.services {
+                if p2.services.iter().all(|n| service_key(n) != service_key(s)) {
+                    assert!(m.lookup(&service_key(s)).is_none(), "cut {cut}: removed service {} still reachable", s.name);
+                }
+            }
+            if cut == second.ops.len() {
+                // Nothing left to do: the maps already are the file.
+                assert_eq!(third.slots_written(), 0, "an adoption after a finished change writes no slot");
+                assert!(third.touched.is_empty(), "{:?}", third.touched);
+            }
+            if cut == 0 {
+                // Adopting the old maps with the new file writes exactly what the change writes.
+                assert_eq!(third.slots_written(), second.slots_written());
+            }
+        }
+        // The names come from the file; backends keep their ids.
+        let mut m = maps.clone();
+        m.apply(&second.ops);
+        let (st, _) = State::rebuild(&m.live(), &p2, &LIMITS, &index_of, &|i| m.slots.get(&i).copied().unwrap_or(0));
+        let web = st.services.iter().find(|s| s.name == "web").expect("web named");
+        let ids: Vec<(String, u32)> = web.backends.iter().map(|b| (b.identity.clone(), b.id)).collect();
+        let want: Vec<(String, u32)> =
+            second.state.services.iter().find(|s| s.name == "web").expect("web").backends.iter().map(|b| (b.identity.clone(), b.id)).collect();
+        let mut ids_sorted = ids.clone();
+        ids_sorted.sort();
+        let mut want_sorted = want.clone();
+        want_sorted.sort();
+        assert_eq!(ids_sorted, want_sorted);
+    }
 
     #[test]
     fn a_first_plan_installs_every_service_as_the_table_builder_says() {
@@ -754,7 +1010,7 @@ mod tests {
             "{:?}",
             second.ops.iter().take(3).collect::<Vec<_>>()
         );
-        assert!(second.ops.contains(&Op::Backend { id: 2, address: "10.0.0.2".parse().unwrap(), alive: false }), "{:?}", second.ops.iter().take(3).collect::<Vec<_>>());
+        assert!(second.ops.contains(&Op::Backend { id: 2, address: "10.0.0.2".parse().unwrap(), alive: false, in_pool: false }), "{:?}", second.ops.iter().take(3).collect::<Vec<_>>());
         maps.apply(&second.ops);
         assert_eq!(maps.table(&service_key(&p2.services[0])), expected(&p2, "web"));
         // The same pool again: nothing to do.

@@ -127,6 +127,120 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
     out
 }
 
+/// What `lb status` shows of a (pinned) data plane, read from its maps.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlaneStatus {
+    pub forwarded: u64,
+    pub passed: u64,
+    pub drops: Vec<(&'static str, u64)>,
+    pub conntrack: Vec<(&'static str, u64)>,
+    pub icmp_forwarded: u64,
+    /// Entries in the flow table, and its size.
+    pub flows: u64,
+    pub flow_capacity: u32,
+    pub services: Vec<ServiceStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceStatus {
+    pub name: String,
+    pub endpoint: String,
+    pub hash: &'static str,
+    pub forward: &'static str,
+    pub conntrack: bool,
+    pub slots: u32,
+    pub traffic: Traffic,
+    pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendStatus {
+    pub identity: String,
+    pub address: std::net::IpAddr,
+    pub weight: u32,
+    /// active, drain or down, as last written.
+    pub state: &'static str,
+    pub mac_known: bool,
+    /// Slots of the service's table it owns.
+    pub slots: u32,
+    pub traffic: Traffic,
+}
+
+impl PlaneStatus {
+    pub fn json(&self) -> serde_json::Value {
+        use serde_json::{json, Map, Value};
+        let counters = |v: &[(&str, u64)]| Value::Object(v.iter().map(|(k, n)| (k.to_string(), json!(n))).collect::<Map<_, _>>());
+        json!({
+            "forwarded": self.forwarded,
+            "passed": self.passed,
+            "drops": counters(&self.drops),
+            "conntrack": counters(&self.conntrack),
+            "icmp_forwarded": self.icmp_forwarded,
+            "flows": {"entries": self.flows, "capacity": self.flow_capacity},
+            "services": self.services.iter().map(|s| json!({
+                "name": s.name,
+                "endpoint": s.endpoint,
+                "hash": s.hash,
+                "forward": s.forward,
+                "conntrack": s.conntrack,
+                "slots": s.slots,
+                "packets": s.traffic.packets,
+                "bytes": s.traffic.bytes,
+                "backends": s.backends.iter().map(|b| json!({
+                    "identity": b.identity,
+                    "address": b.address.to_string(),
+                    "weight": b.weight,
+                    "state": b.state,
+                    "mac_known": b.mac_known,
+                    "slots": b.slots,
+                    "packets": b.traffic.packets,
+                    "bytes": b.traffic.bytes,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "forwarded {}, passed {}, dropped {}", self.forwarded, self.passed, self.drops.iter().map(|d| d.1).sum::<u64>());
+        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let _ = writeln!(out, "  drops: {}", drops.join(" "));
+        let ct: Vec<String> = self.conntrack.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let _ = writeln!(out, "  conntrack: {}", ct.join(" "));
+        let _ = writeln!(out, "  icmp: forwarded={}", self.icmp_forwarded);
+        let _ = writeln!(out, "  flow table: {} of {} entries", self.flows, self.flow_capacity);
+        for s in &self.services {
+            let _ = writeln!(
+                out,
+                "service {} {}: {} slots, hash {}, forward {}, conntrack {}: packets {}, bytes {}",
+                s.name,
+                s.endpoint,
+                s.slots,
+                s.hash,
+                s.forward,
+                if s.conntrack { "on" } else { "off" },
+                s.traffic.packets,
+                s.traffic.bytes
+            );
+            for b in &s.backends {
+                let _ = writeln!(
+                    out,
+                    "  backend {} {} weight {} [{}{}]: {} slots, packets {}, bytes {}",
+                    b.identity,
+                    b.address,
+                    b.weight,
+                    b.state,
+                    if b.mac_known { "" } else { ", MAC unresolved" },
+                    b.slots,
+                    b.traffic.packets,
+                    b.traffic.bytes
+                );
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,6 +64,8 @@ struct lb_service {
 	__u32 forward;   /* enum lb_forward */
 	__be16 gue_port; /* LB_FWD_GUE: the outer UDP destination port */
 	__u8 pad[2];
+	__u32 table_len; /* the table range's length in table_slots (= slots unless the route is
+			  * empty): what a controller that adopts a pinned data plane reads back */
 };
 
 /* How a service's packets reach the backend. */
@@ -113,6 +115,9 @@ struct lb_flow {
 	__u32 backend;
 	__u32 gen;
 	__u64 seen; /* lb_config.clock_ms when last refreshed */
+#ifdef LB_LAYOUT_TEST
+	__u64 layout_test; /* only in the build the upgrade test makes (cargo feature layout-test) */
+#endif
 };
 
 struct lb_flow_cached {
@@ -137,6 +142,41 @@ struct lb_backend {
 enum lb_backend_flags {
 	LB_BACKEND_MAC_KNOWN = 1, /* mac holds the backend's resolved address */
 	LB_BACKEND_ALIVE = 2,     /* in the pool and healthy (draining included): tracked flows may use it */
+	LB_BACKEND_IN_POOL = 4,   /* the id belongs to a backend of the pool (alive or down); clear once retired */
+};
+
+/* Value of backend_meta, indexed by backend id: whose id it is, for a controller that adopts a
+ * pinned data plane (the program never reads it). Written before the backend's record, so a
+ * record marked LB_BACKEND_IN_POOL always has its meta. Its layout never changes: a later
+ * version reads it to carry ids, counters and tracked flows over. */
+struct lb_backend_meta {
+	struct lb_service_key service; /* the service the id belongs to */
+	__u64 identity;                /* xxh64(identity_utf8, seed 0) */
+	__u32 weight;                  /* as configured */
+	__u8 state;                    /* 0 active, 1 drain, 2 down */
+	__u8 pad[3];
+	char name[64];                 /* the identity, cut at 63 bytes (for lb status) */
+};
+
+/* Value of service_names: a service's name, for lb status. */
+struct lb_name {
+	char name[64];
+};
+
+/* The one value of lb_meta: which build made the pinned data plane, and who controls it. Its
+ * layout never changes (a magic number names it), so every version can read it. */
+#define LB_META_MAGIC 0x31304154454d424cull /* "LBMETA01" */
+struct lb_meta {
+	__u64 magic;
+	__u64 layout;           /* hash of lb.h as compiled: maps with another layout are not reused */
+	__u64 program;          /* hash of the BPF object */
+	__u64 attached_ms;      /* wall clock (Unix ms) when the program was first attached */
+	__u64 controller_since; /* wall clock (Unix ms) when the current controller started; 0: none */
+	__u32 controller_pid;   /* its process id (0: none) */
+	__u32 ifindex;          /* the interface it is attached to */
+	__u32 table_capacity;   /* slots of table_slots */
+	__u32 conntrack_size;   /* entries of flows */
+	__u64 reserved[2];
 };
 
 /* The program's settings (a global in .bss). */

@@ -95,6 +95,35 @@ struct {
 	__type(value, struct lb_addr);
 } backend_addrs SEC(".maps");
 
+/* Backend id -> whose it is (lb.h, struct lb_backend_meta). Read only by a controller that
+ * adopts a pinned data plane. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct lb_backend_meta);
+} backend_meta SEC(".maps");
+
+/* Service key -> the service's name (lb.h, struct lb_name), for lb status. Never read by the
+ * program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_MAX_ROUTES);
+	__type(key, struct lb_service_key);
+	__type(value, struct lb_name);
+} service_names SEC(".maps");
+
+/* Which build made this data plane and who controls it (lb.h, struct lb_meta). Never read by
+ * the program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_meta);
+} lb_meta SEC(".maps");
+
 /* The attached interface's settings, written by user space through the skeleton's mapping of
  * .bss. A global rather than a map entry: the program reads it at a fixed address, with no
  * lookup on the packet path. */

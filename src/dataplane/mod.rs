@@ -5,16 +5,17 @@
 pub mod decap;
 pub mod link;
 pub mod netlink;
+pub mod pin;
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags};
+use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags};
 
 use crate::config::{Forward, HashMode, Pool, Protocol};
 use crate::plan;
@@ -87,6 +88,13 @@ impl Dataplane {
 
     /// [`Dataplane::load`], with the flow table sized to `conntrack_size` entries.
     pub fn load_sized(table_capacity: u32, conntrack_size: u32) -> Result<Dataplane> {
+        Ok(Self::load_with(table_capacity, conntrack_size, None)?.0)
+    }
+
+    /// Loads the program; with `reuse`, on the maps of a pinned data plane wherever their layout
+    /// is this build's (see [`Reuse`]), so the new program shares its tables, flows and counters.
+    /// Returns the names of the pinned maps that could not be reused (their layout changed).
+    pub fn load_with(table_capacity: u32, conntrack_size: u32, reuse: Option<&Reuse>) -> Result<(Dataplane, Vec<&'static str>)> {
         // The skeleton borrows its object for its whole life; one per process, so leaking the
         // few bytes of the holder is simpler than a self-referential struct.
         let object = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -100,10 +108,15 @@ impl Dataplane {
             .flows
             .set_max_entries(conntrack_size.max(1))
             .with_context(|| format!("sizing the flow table to {conntrack_size} entries"))?;
+        let mut fresh = Vec::new();
+        if let Some(r) = reuse {
+            fresh = reuse_maps(&mut open, r)?;
+        }
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
-        let slots = SlotsMapping::new(&skel.maps.table_slots, table_capacity)?;
+        let capacity = skel.maps.table_slots.info()?.info.max_entries * 2;
+        let slots = SlotsMapping::new(&skel.maps.table_slots, capacity)?;
         let limits = plan::Limits {
-            capacity: table_capacity,
+            capacity,
             max_backend_id: skel.maps.backends.info()?.info.max_entries - 1,
             max_route_id: skel.maps.routes.info()?.info.max_entries - 1,
         };
@@ -117,10 +130,12 @@ impl Dataplane {
             builder: Default::default(),
             gens: HashMap::new(),
         };
-        dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
-        dp.set_mtu(1500)?;
+        if reuse.is_none() || fresh.contains(&"bss") {
+            dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
+            dp.set_mtu(1500)?;
+        }
         dp.tick()?;
-        Ok(dp)
+        Ok((dp, fresh))
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -211,7 +226,7 @@ impl Dataplane {
             self.via.insert(addr, neighbour);
         }
         for (id, alive) in self.ids_at(|a| a == addr) {
-            self.write_backend(id, addr, alive)?;
+            self.write_backend(id, addr, alive, true)?;
         }
         Ok(true)
     }
@@ -255,7 +270,31 @@ impl Dataplane {
     fn execute(&mut self, op: &plan::Op) -> Result<()> {
         let maps = &self.skel.maps;
         match op {
-            plan::Op::Backend { id, address, alive } => self.write_backend(*id, *address, *alive)?,
+            plan::Op::Backend { id, address, alive, in_pool } => self.write_backend(*id, *address, *alive, *in_pool)?,
+            plan::Op::Meta { id, meta, name } => {
+                let value = types::lb_backend_meta {
+                    service: service_key(meta.service.addr, meta.service.port, meta.service.proto),
+                    identity: meta.identity,
+                    weight: meta.weight,
+                    state: match meta.state {
+                        crate::config::BackendState::Active => 0,
+                        crate::config::BackendState::Drain => 1,
+                        crate::config::BackendState::Down => 2,
+                    },
+                    name: name_bytes(name),
+                    ..Default::default()
+                };
+                maps.backend_meta.update(&id.to_ne_bytes(), bytes_of(&value), MapFlags::ANY)?;
+            }
+            plan::Op::ServiceName { key, name } => {
+                let k = service_key(key.addr, key.port, key.proto);
+                match name {
+                    Some(n) => maps.service_names.update(bytes_of(&k), bytes_of(&types::lb_name { name: name_bytes(n) }), MapFlags::ANY)?,
+                    None => {
+                        let _ = maps.service_names.delete(bytes_of(&k));
+                    }
+                }
+            }
             plan::Op::ResetCounters { id } => {
                 let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
                 maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
@@ -294,14 +333,16 @@ impl Dataplane {
 
     /// Writes backend `id`'s address (the outer destination of encapsulated packets), then its
     /// record: its neighbour's MAC as known now.
-    fn write_backend(&self, id: u32, address: IpAddr, alive: bool) -> Result<()> {
+    fn write_backend(&self, id: u32, address: IpAddr, alive: bool, in_pool: bool) -> Result<()> {
         let mac = self.macs.get(&self.neighbour_of(address)).copied();
         let (addr, family) = addr_words(address);
         let to = types::lb_addr { addr, family, ..Default::default() };
         self.skel.maps.backend_addrs.update(&id.to_ne_bytes(), bytes_of(&to), MapFlags::ANY)?;
         let rec = types::lb_backend {
             mac: mac.unwrap_or([0; 6]),
-            flags: if mac.is_some() { LB_BACKEND_MAC_KNOWN } else { 0 } | if alive { LB_BACKEND_ALIVE } else { 0 },
+            flags: if mac.is_some() { LB_BACKEND_MAC_KNOWN } else { 0 }
+                | if alive { LB_BACKEND_ALIVE } else { 0 }
+                | if in_pool { LB_BACKEND_IN_POOL } else { 0 },
             pad: 0,
         };
         self.skel.maps.backends.update(&id.to_ne_bytes(), bytes_of(&rec), MapFlags::ANY)?;
@@ -322,7 +363,7 @@ impl Dataplane {
         for (id, alive) in self.ids_at(|a| self.neighbour_of(a) == addr) {
             let address = self.state.services.iter().flat_map(|s| &s.backends).find(|b| b.id == id).map(|b| b.address);
             if let Some(address) = address {
-                self.write_backend(id, address, alive)?;
+                self.write_backend(id, address, alive, true)?;
             }
         }
         Ok(true)
@@ -470,6 +511,18 @@ impl SlotsMapping {
         Ok(SlotsMapping { base, len, entries })
     }
 
+    /// Entry `i` of the table array (0 past its end).
+    fn read(&self, i: u32) -> u32 {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        if i >= self.entries {
+            return 0;
+        }
+        // SAFETY: i < entries, so the aligned 4-byte word is inside the live mapping; the
+        // program only loads it, user space stores it atomically.
+        let slot = unsafe { AtomicU32::from_ptr((self.base.as_ptr() as *mut u32).add(i as usize)) };
+        slot.load(Ordering::Relaxed)
+    }
+
     fn write(&self, entries: &[(u32, u32)]) -> Result<()> {
         use std::sync::atomic::{AtomicU32, Ordering};
         for &(i, id) in entries {
@@ -496,6 +549,22 @@ impl Drop for SlotsMapping {
 
 const LB_BACKEND_MAC_KNOWN: u8 = types::lb_backend_flags::LB_BACKEND_MAC_KNOWN.0 as u8;
 const LB_BACKEND_ALIVE: u8 = types::lb_backend_flags::LB_BACKEND_ALIVE.0 as u8;
+const LB_BACKEND_IN_POOL: u8 = types::lb_backend_flags::LB_BACKEND_IN_POOL.0 as u8;
+
+/// A name as the maps keep it: at most 63 bytes, NUL-padded.
+fn name_bytes(name: &str) -> [std::ffi::c_char; 64] {
+    let mut out = [0 as std::ffi::c_char; 64];
+    for (o, b) in out.iter_mut().zip(name.bytes().take(63)) {
+        *o = b as std::ffi::c_char;
+    }
+    out
+}
+
+/// A name the maps kept.
+pub fn name_text(name: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
 
 /// Reads a map value of one of the skeleton's plain types (or an integer) from the bytes the kernel returned
 /// (for tools and tests that read a running program's maps).
@@ -539,6 +608,7 @@ fn route_value(r: &plan::Route) -> types::lb_service {
         },
         gue_port: r.gue_port.to_be(),
         pad: [0; 2],
+        table_len: r.table_len,
     }
 }
 
@@ -603,4 +673,632 @@ fn service_key(vip: IpAddr, port: u16, proto: Protocol) -> types::lb_service_key
         },
         family,
     }
+}
+
+/// The maps a data plane pins, by file name. The table maps come first: they must all be reused
+/// for a controller to adopt a data plane in place.
+pub const PINNED_MAPS: [&str; 15] = [
+    "vip_index",
+    "routes",
+    "services",
+    "table_slots",
+    "backend_gen",
+    "backends",
+    "backend_addrs",
+    "backend_meta",
+    "service_names",
+    "lb_meta",
+    "bss",
+    "flows",
+    "flow_cache",
+    "stats",
+    "backend_traffic",
+];
+const TABLE_MAPS: usize = 10;
+
+/// This build's layout and program identities (build.rs).
+pub const LAYOUT_HASH: &str = env!("LB_LAYOUT_HASH");
+pub const PROGRAM_HASH: &str = env!("LB_PROGRAM_HASH");
+
+pub fn layout_hash() -> u64 {
+    LAYOUT_HASH.parse().unwrap_or(0)
+}
+
+pub fn program_hash() -> u64 {
+    PROGRAM_HASH.parse().unwrap_or(0)
+}
+
+/// How to load on a pinned data plane's maps.
+pub struct Reuse {
+    /// Its directory (pin::plane_dir).
+    pub dir: std::path::PathBuf,
+    /// Its lb_meta says it has this build's layout: every map is reused as it is.
+    pub same_layout: bool,
+    /// Its program, whose BTF describes its maps when the layout differs.
+    pub old_prog_id: u32,
+}
+
+fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'static str, &'a mut libbpf_rs::OpenMapMut<'o>)> {
+    let m = &mut open.maps;
+    vec![
+        ("vip_index", &mut m.vip_index),
+        ("routes", &mut m.routes),
+        ("services", &mut m.services),
+        ("table_slots", &mut m.table_slots),
+        ("backend_gen", &mut m.backend_gen),
+        ("backends", &mut m.backends),
+        ("backend_addrs", &mut m.backend_addrs),
+        ("backend_meta", &mut m.backend_meta),
+        ("service_names", &mut m.service_names),
+        ("lb_meta", &mut m.lb_meta),
+        ("bss", &mut m.bss),
+        ("flows", &mut m.flows),
+        ("flow_cache", &mut m.flow_cache),
+        ("stats", &mut m.stats),
+        ("backend_traffic", &mut m.backend_traffic),
+    ]
+}
+
+fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'a libbpf_rs::MapMut<'o>)> {
+    let m = &skel.maps;
+    vec![
+        ("vip_index", &m.vip_index),
+        ("routes", &m.routes),
+        ("services", &m.services),
+        ("table_slots", &m.table_slots),
+        ("backend_gen", &m.backend_gen),
+        ("backends", &m.backends),
+        ("backend_addrs", &m.backend_addrs),
+        ("backend_meta", &m.backend_meta),
+        ("service_names", &m.service_names),
+        ("lb_meta", &m.lb_meta),
+        ("bss", &m.bss),
+        ("flows", &m.flows),
+        ("flow_cache", &m.flow_cache),
+        ("stats", &m.stats),
+        ("backend_traffic", &m.backend_traffic),
+    ]
+}
+
+/// A type's structure as BTF describes it, for comparing one build's map layout with another's:
+/// member names, offsets and types, recursively; sizes of arrays; variables of data sections.
+fn signature(btf: &libbpf_rs::btf::Btf<'_>, id: libbpf_rs::btf::TypeId, depth: u32) -> String {
+    use libbpf_rs::btf::{types, BtfKind, BtfType};
+    let Some(t) = btf.type_by_id::<BtfType<'_>>(id) else { return "?".to_string() };
+    let t = t.skip_mods_and_typedefs();
+    let name = t.name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if depth > 8 {
+        return name;
+    }
+    if let Ok(c) = types::Composite::try_from(t) {
+        let members: Vec<String> = c
+            .iter()
+            .map(|m| {
+                let n = m.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                format!("{n}@{:?}:{}", m.attr, signature(btf, m.ty, depth + 1))
+            })
+            .collect();
+        return format!("{name}{{{}}}", members.join(";"));
+    }
+    if let Ok(a) = types::Array::try_from(t) {
+        return format!("[{}; {}]", signature(btf, a.contained_type().type_id(), depth + 1), a.capacity());
+    }
+    if t.kind() == BtfKind::DataSec {
+        if let Ok(d) = types::DataSec::try_from(t) {
+            let vars: Vec<String> = d
+                .iter()
+                .map(|v| {
+                    let var = btf.type_by_id::<BtfType<'_>>(v.ty);
+                    let vname = var.and_then(|x| x.name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let inner = var.and_then(|x| x.next_type()).map_or("?".to_string(), |x| signature(btf, x.type_id(), depth + 1));
+                    format!("{vname}@{}+{}:{inner}", v.offset, v.size)
+                })
+                .collect();
+            return format!("{name}{{{}}}", vars.join(";"));
+        }
+    }
+    format!("{:?}:{name}", t.kind())
+}
+
+/// Points the open skeleton's maps at a pinned data plane's wherever their layout allows, and
+/// returns the names of those that could not be (created fresh). Fails when a table map cannot
+/// be reused: then the data plane cannot be adopted in place.
+fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<Vec<&'static str>> {
+    // BTF only when the layouts differ: the old program's, and this object's.
+    let btfs = if r.same_layout {
+        None
+    } else {
+        let old = libbpf_rs::btf::Btf::from_prog_id(r.old_prog_id).context("reading the pinned program's BTF")?;
+        // SAFETY: the open object lives as long as `open`, which outlives this borrow.
+        let obj = unsafe { open.open_object().as_libbpf_object().as_ref() };
+        let new = libbpf_rs::btf::Btf::from_bpf_object(obj)?.context("this build's BPF object has no BTF")?;
+        Some((old, new))
+    };
+    let mut fresh: Vec<&'static str> = Vec::new();
+    for (name, map) in open_maps(open) {
+        let path = r.dir.join(name);
+        if !path.exists() {
+            fresh.push(name);
+            continue;
+        }
+        let pinned = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
+        let info = pinned.info()?.info;
+        let sized = name == "table_slots" || name == "flows";
+        let same_shape = info.type_ == map.map_type() as u32
+            && info.key_size == map.key_size()
+            && info.value_size == map.value_size()
+            && (sized || info.max_entries == map.max_entries());
+        let same_layout = match &btfs {
+            None => true,
+            Some((old, new)) => {
+                // SAFETY: the map pointer comes from the open object and is valid for this call.
+                let (k, v) = unsafe {
+                    let p = map.as_libbpf_object().as_ptr();
+                    (libbpf_sys_btf_key(p), libbpf_sys_btf_value(p))
+                };
+                signature(old, info.btf_key_type_id.into(), 0) == signature(new, k.into(), 0)
+                    && signature(old, info.btf_value_type_id.into(), 0) == signature(new, v.into(), 0)
+            }
+        };
+        // The flow cache's copies are only valid under the epoch in .bss that made them.
+        let cache_orphaned = name == "flow_cache" && fresh.contains(&"bss");
+        if same_shape && same_layout && !cache_orphaned {
+            if sized {
+                map.set_max_entries(info.max_entries)?;
+            }
+            map.reuse_pinned_map(&path).with_context(|| format!("reusing the pinned map {}", path.display()))?;
+        } else {
+            fresh.push(name);
+        }
+    }
+    let tables: Vec<&str> = fresh.iter().copied().filter(|n| PINNED_MAPS[..TABLE_MAPS].contains(n)).collect();
+    if !tables.is_empty() {
+        bail!(
+            "the pinned data plane's table maps have another layout than this version's ({}); it cannot be \
+             adopted in place: remove it with `lb detach` (an outage) and attach anew",
+            tables.join(", ")
+        );
+    }
+    Ok(fresh)
+}
+
+/// # Safety
+/// `map` must point to a live `bpf_map` of an open or loaded object.
+unsafe fn libbpf_sys_btf_key(map: *const libbpf_rs::libbpf_sys::bpf_map) -> u32 {
+    libbpf_rs::libbpf_sys::bpf_map__btf_key_type_id(map)
+}
+
+/// # Safety
+/// `map` must point to a live `bpf_map` of an open or loaded object.
+unsafe fn libbpf_sys_btf_value(map: *const libbpf_rs::libbpf_sys::bpf_map) -> u32 {
+    libbpf_rs::libbpf_sys::bpf_map__btf_value_type_id(map)
+}
+
+/// Copies the bytes of `old` (a value of type `old_ty` in `old_btf`) into a value of type
+/// `new_ty` in `new_btf` of `new_size` bytes, member by member by name; members the old layout
+/// does not have are zero.
+fn convert(old: &[u8], old_btf: &libbpf_rs::btf::Btf<'_>, old_ty: u32, new_btf: &libbpf_rs::btf::Btf<'_>, new_ty: u32, new_size: usize) -> Vec<u8> {
+    use libbpf_rs::btf::{types, types::MemberAttr, BtfType};
+    let members = |btf: &libbpf_rs::btf::Btf<'_>, ty: u32, total: usize| -> Vec<(String, usize, usize)> {
+        let Some(t) = btf.type_by_id::<BtfType<'_>>(ty.into()) else { return Vec::new() };
+        let Ok(c) = types::Composite::try_from(t.skip_mods_and_typedefs()) else { return Vec::new() };
+        let mut out: Vec<(String, usize)> = c
+            .iter()
+            .filter_map(|m| match m.attr {
+                MemberAttr::Normal { offset } => Some((m.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), offset as usize / 8)),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|m| m.1);
+        let ends: Vec<usize> = out.iter().skip(1).map(|m| m.1).chain(std::iter::once(total)).collect();
+        out.into_iter().zip(ends).map(|((n, off), end)| (n, off, end.saturating_sub(off))).collect()
+    };
+    let mut value = vec![0u8; new_size];
+    let olds = members(old_btf, old_ty, old.len());
+    for (name, off, size) in members(new_btf, new_ty, new_size) {
+        if let Some((_, o_off, o_size)) = olds.iter().find(|m| m.0 == name) {
+            let n = size.min(*o_size).min(old.len().saturating_sub(*o_off)).min(new_size.saturating_sub(off));
+            value[off..off + n].copy_from_slice(&old[*o_off..*o_off + n]);
+        }
+    }
+    value
+}
+
+impl Dataplane {
+    /// Pins the maps named in `names` (all when None) under `dir`, replacing pins that are there.
+    pub fn pin_maps(&self, dir: &std::path::Path, names: Option<&[&str]>) -> Result<()> {
+        for (name, map) in loaded_maps(&self.skel) {
+            if names.is_some_and(|n| !n.contains(&name)) {
+                continue;
+            }
+            let path = dir.join(name);
+            let _ = std::fs::remove_file(&path);
+            pin::pin_fd(&map.as_fd(), &path)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every flow of the pinned flow table at `path` (another build's layout, described
+    /// by the BTF of program `old_prog_id`) into this data plane's, converting each entry by
+    /// member names. Entries already present are left alone. Returns how many were copied.
+    pub fn carry_flows(&self, path: &std::path::Path, old_prog_id: u32) -> Result<u64> {
+        let old_map = libbpf_rs::MapHandle::from_pinned_path(path)?;
+        let info = old_map.info()?.info;
+        let old_btf = libbpf_rs::btf::Btf::from_prog_id(old_prog_id).context("reading the pinned program's BTF")?;
+        let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?)
+            .context("reading this program's BTF")?;
+        let new = &self.skel.maps.flows;
+        let new_info = new.info()?.info;
+        let mut copied = 0;
+        for k in old_map.keys() {
+            let Some(v) = old_map.lookup(&k, MapFlags::ANY)? else { continue };
+            let key = convert(&k, &old_btf, info.btf_key_type_id, &new_btf, new_info.btf_key_type_id, new_info.key_size as usize);
+            let value = convert(&v, &old_btf, info.btf_value_type_id, &new_btf, new_info.btf_value_type_id, new_info.value_size as usize);
+            if new.update(&key, &value, MapFlags::NO_EXIST).is_ok() {
+                copied += 1;
+            }
+        }
+        Ok(copied)
+    }
+
+    /// The number of entries of the flow table (walks its keys).
+    pub fn flow_count(&self) -> u64 {
+        self.skel.maps.flows.keys().count() as u64
+    }
+
+    pub fn program_id(&self) -> Result<u32> {
+        prog_id(&self.skel.progs.lb_xdp)
+    }
+
+    /// Writes lb_meta: this build's identities, the controller, the sizes.
+    pub fn write_meta(&self, attached_ms: u64, controller: Option<(u32, u64)>, ifindex: u32) -> Result<()> {
+        let meta = types::lb_meta {
+            magic: LB_META_MAGIC,
+            layout: layout_hash(),
+            program: program_hash(),
+            attached_ms,
+            controller_since: controller.map_or(0, |c| c.1),
+            controller_pid: controller.map_or(0, |c| c.0),
+            ifindex,
+            table_capacity: self.limits.capacity,
+            conntrack_size: self.skel.maps.flows.info()?.info.max_entries,
+            reserved: [0; 2],
+        };
+        self.skel.maps.lb_meta.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
+        Ok(())
+    }
+
+    /// Rebuilds this data plane's state from its (adopted) maps, names it after `pool`, and
+    /// retires ids that an interrupted change left claiming a backend twice. The next
+    /// [`Dataplane::apply`] then writes only what differs from what the maps hold.
+    pub fn adopt(&mut self, pool: &Pool) -> Result<()> {
+        let live = read_live(&self.skel)?;
+        let index_of = |k: &plan::RouteKey| vip_index(&service_key(k.addr, k.port, k.proto));
+        let slots = &self.slots;
+        let (state, retire) = plan::State::rebuild(&live, pool, &self.limits, &index_of, &|i| slots.read(i));
+        for id in 1..=self.limits.max_backend_id.min(state_highest(&live)) {
+            if let Some(v) = self.skel.maps.backend_gen.lookup(&id.to_ne_bytes(), MapFlags::ANY)? {
+                self.gens.insert(id, value_of::<u32>(&v));
+            }
+        }
+        for (_, address, ..) in &live.backends {
+            if let Some(mac) = self
+                .skel
+                .maps
+                .backends
+                .lookup(&live.backends.iter().find(|b| b.1 == *address).map_or(0, |b| b.0).to_ne_bytes(), MapFlags::ANY)?
+                .map(|v| value_of::<types::lb_backend>(&v))
+                .filter(|b| b.flags & LB_BACKEND_MAC_KNOWN != 0)
+                .map(|b| b.mac)
+            {
+                self.macs.entry(self.neighbour_of(*address)).or_insert(mac);
+            }
+        }
+        self.state = state;
+        for (id, address) in retire {
+            self.write_backend(id, address, false, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's id of a loaded program.
+fn prog_id(prog: &libbpf_rs::ProgramMut<'_>) -> Result<u32> {
+    let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: `info` is a writable bpf_prog_info and `len` its size; the kernel writes at most len bytes.
+    let rc = unsafe {
+        libbpf_rs::libbpf_sys::bpf_obj_get_info_by_fd(prog.as_fd().as_raw_fd(), &mut info as *mut _ as *mut std::ffi::c_void, &mut len)
+    };
+    anyhow::ensure!(rc == 0, "asking the kernel for the program's id: {}", std::io::Error::from_raw_os_error(-rc));
+    Ok(info.id)
+}
+
+fn state_highest(live: &plan::LiveMaps) -> u32 {
+    live.backends.iter().map(|b| b.0).max().unwrap_or(0)
+}
+
+/// The maps of a data plane by pin name: this process's own, or a pinned one's.
+pub trait MapSource {
+    fn map(&self, name: &str) -> Result<&dyn MapCore>;
+}
+
+impl MapSource for LbSkel<'_> {
+    fn map(&self, name: &str) -> Result<&dyn MapCore> {
+        loaded_maps(self).into_iter().find(|m| m.0 == name).map(|m| m.1 as &dyn MapCore).context("no such map")
+    }
+}
+
+/// A pinned data plane's maps, opened by path.
+pub struct PinnedMaps(HashMap<&'static str, libbpf_rs::MapHandle>);
+
+impl PinnedMaps {
+    pub fn open(dir: &std::path::Path) -> Result<PinnedMaps> {
+        let mut maps = HashMap::new();
+        for name in PINNED_MAPS {
+            let path = dir.join(name);
+            let m = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
+            maps.insert(name, m);
+        }
+        Ok(PinnedMaps(maps))
+    }
+
+    /// lb_meta's one value, if it has the magic number this build knows.
+    pub fn meta(&self) -> Result<Option<types::lb_meta>> {
+        let m = self.map("lb_meta")?;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let meta: types::lb_meta = value_of(&v);
+        Ok((meta.magic == LB_META_MAGIC).then_some(meta))
+    }
+
+    /// Writes lb_meta's controller fields (None: no controller).
+    pub fn set_controller(&self, controller: Option<(u32, u64)>) -> Result<()> {
+        let m = self.map("lb_meta")?;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let mut meta: types::lb_meta = value_of(&v);
+        meta.controller_pid = controller.map_or(0, |c| c.0);
+        meta.controller_since = controller.map_or(0, |c| c.1);
+        m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
+        Ok(())
+    }
+
+    /// Everything `lb status` shows, read from the maps.
+    pub fn status(&self) -> Result<crate::stats::PlaneStatus> {
+        plane_status(self)
+    }
+}
+
+impl MapSource for PinnedMaps {
+    fn map(&self, name: &str) -> Result<&dyn MapCore> {
+        self.0.get(name).map(|m| m as &dyn MapCore).with_context(|| format!("no pinned map {name}"))
+    }
+}
+
+/// Reads what the maps hold, for [`plan::State::rebuild`] and `lb status`.
+fn read_live(src: &dyn MapSource) -> Result<plan::LiveMaps> {
+    struct Maps<'a> {
+        vip_index: &'a dyn MapCore,
+        routes: &'a dyn MapCore,
+        services: &'a dyn MapCore,
+        backend_meta: &'a dyn MapCore,
+        backends: &'a dyn MapCore,
+        backend_addrs: &'a dyn MapCore,
+    }
+    let m = Maps {
+        vip_index: src.map("vip_index")?,
+        routes: src.map("routes")?,
+        services: src.map("services")?,
+        backend_meta: src.map("backend_meta")?,
+        backends: src.map("backends")?,
+        backend_addrs: src.map("backend_addrs")?,
+    };
+    let skel = SkelLike { maps: m };
+    let mut live = plan::LiveMaps::default();
+    let shared = types::lb_vip_index_layout::LB_VIP_INDEX_SHARED.0;
+    let entries = map_info(skel.maps.vip_index)?.max_entries;
+    for idx in 0..entries {
+        let Some(v) = skel.maps.vip_index.lookup(&idx.to_ne_bytes(), MapFlags::ANY)? else { continue };
+        match value_of::<u32>(&v) {
+            0 => {}
+            x if x == shared => live.index.push((idx, plan::IndexEntry::Shared)),
+            id => live.index.push((idx, plan::IndexEntry::Route(id))),
+        }
+    }
+    for id in 1..map_info(skel.maps.routes)?.max_entries {
+        let Some(v) = skel.maps.routes.lookup(&id.to_ne_bytes(), MapFlags::ANY)? else { continue };
+        if let Some(r) = route_of(&value_of(&v)) {
+            live.routes.push((id, r));
+        }
+    }
+    for k in skel.maps.services.keys() {
+        if let Some(v) = skel.maps.services.lookup(&k, MapFlags::ANY)? {
+            if let Some(r) = route_of(&value_of(&v)) {
+                live.hashed.push(r);
+            }
+        }
+    }
+    for k in skel.maps.backend_meta.keys() {
+        let id: u32 = value_of(&k);
+        let Some(m) = skel.maps.backend_meta.lookup(&k, MapFlags::ANY)? else { continue };
+        let Some(rec) = skel.maps.backends.lookup(&k, MapFlags::ANY)? else { continue };
+        let rec: types::lb_backend = value_of(&rec);
+        if rec.flags & LB_BACKEND_IN_POOL == 0 {
+            continue;
+        }
+        let Some(a) = skel.maps.backend_addrs.lookup(&k, MapFlags::ANY)? else { continue };
+        let (m, a): (types::lb_backend_meta, types::lb_addr) = (value_of(&m), value_of(&a));
+        let (Some(service), Some(address)) = (key_of(&m.service), addr_of(&a.addr, a.family)) else { continue };
+        let state = match m.state {
+            1 => crate::config::BackendState::Drain,
+            2 => crate::config::BackendState::Down,
+            _ => crate::config::BackendState::Active,
+        };
+        live.backends.push((
+            id,
+            address,
+            rec.flags & LB_BACKEND_ALIVE != 0,
+            plan::BackendMeta { service, identity: m.identity, weight: m.weight, state },
+        ));
+    }
+    live.backends.sort_by_key(|b| b.0);
+    Ok(live)
+}
+
+struct SkelLike<M> {
+    maps: M,
+}
+
+fn map_info(m: &dyn MapCore) -> Result<libbpf_rs::libbpf_sys::bpf_map_info> {
+    Ok(libbpf_rs::MapInfo::new(m.as_fd())?.info)
+}
+
+fn addr_of(words: &[u32; 4], family: u8) -> Option<IpAddr> {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    match family {
+        f if f == types::lb_family::LB_FAMILY_V4.0 as u8 => Some(IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])),
+        f if f == types::lb_family::LB_FAMILY_V6.0 as u8 => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
+
+fn key_of(k: &types::lb_service_key) -> Option<plan::RouteKey> {
+    let proto = match k.proto {
+        6 => Protocol::Tcp,
+        17 => Protocol::Udp,
+        _ => return None,
+    };
+    Some(plan::RouteKey { addr: addr_of(&k.addr, k.family)?, port: u16::from_be(k.port), proto })
+}
+
+fn route_of(r: &types::lb_service) -> Option<plan::Route> {
+    Some(plan::Route {
+        key: key_of(&r.key)?,
+        base: r.base,
+        slots: r.slots,
+        hash: if r.hash_mode == types::lb_hash_mode::LB_HASH_FLOW.0 { HashMode::Flow } else { HashMode::ClientIp },
+        conntrack: r.flags & types::lb_service_flags::LB_SVC_CONNTRACK.0 != 0,
+        forward: match r.forward {
+            x if x == types::lb_forward::LB_FWD_IPIP.0 => Forward::Ipip,
+            x if x == types::lb_forward::LB_FWD_GUE.0 => Forward::Gue,
+            _ => Forward::L2,
+        },
+        gue_port: u16::from_be(r.gue_port),
+        table_len: r.table_len,
+    })
+}
+
+const LB_META_MAGIC: u64 = 0x3130_4154_454d_424c;
+
+/// Counter names and their enum lb_stat values, in the data plane's order.
+fn drop_counters() -> [(&'static str, types::lb_stat); 8] {
+    use types::lb_stat as S;
+    [
+        ("malformed", S::LB_DROP_MALFORMED),
+        ("no_backend", S::LB_DROP_NO_BACKEND),
+        ("no_mac", S::LB_DROP_NO_MAC),
+        ("fragment", S::LB_DROP_FRAGMENT),
+        ("no_table", S::LB_DROP_NO_TABLE),
+        ("too_big", S::LB_STAT_TOO_BIG),
+        ("oversize", S::LB_DROP_OVERSIZE),
+        ("encap", S::LB_DROP_ENCAP),
+    ]
+}
+
+fn ct_counters() -> [(&'static str, types::lb_stat); 4] {
+    use types::lb_stat as S;
+    [("hit", S::LB_CT_HIT), ("miss", S::LB_CT_MISS), ("new", S::LB_CT_NEW), ("stale", S::LB_CT_STALE)]
+}
+
+fn percpu_sum(m: &dyn MapCore, key: u32) -> Result<u64> {
+    let per_cpu = m.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
+}
+
+/// `lb status`: the data plane's services, backends and counters as its maps hold them.
+fn plane_status(src: &dyn MapSource) -> Result<crate::stats::PlaneStatus> {
+    use crate::stats::{BackendStatus, PlaneStatus, ServiceStatus};
+    let live = read_live(src)?;
+    let slots_map = src.map("table_slots")?;
+    let capacity = map_info(slots_map)?.max_entries * 2;
+    let limits = plan::Limits {
+        capacity,
+        max_backend_id: map_info(src.map("backends")?)?.max_entries - 1,
+        max_route_id: map_info(src.map("routes")?)?.max_entries - 1,
+    };
+    let index_of = |k: &plan::RouteKey| vip_index(&service_key(k.addr, k.port, k.proto));
+    let pairs = std::cell::RefCell::new(HashMap::<u32, [u32; 2]>::new());
+    let slot_at = |i: u32| -> u32 {
+        let mut cache = pairs.borrow_mut();
+        let pair = *cache.entry(i / 2).or_insert_with(|| {
+            slots_map.lookup(&(i / 2).to_ne_bytes(), MapFlags::ANY).ok().flatten().map_or([0, 0], |v| value_of::<types::lb_slot_pair>(&v).id)
+        });
+        pair[(i % 2) as usize]
+    };
+    let (state, _) = plan::State::rebuild(&live, &Pool::default(), &limits, &index_of, &slot_at);
+    let stats = src.map("stats")?;
+    let traffic = src.map("backend_traffic")?;
+    let names = src.map("service_names")?;
+    let meta = src.map("backend_meta")?;
+    let backends = src.map("backends")?;
+    let mut out = PlaneStatus {
+        passed: percpu_sum(stats, types::lb_stat::LB_STAT_PASSED.0)?,
+        icmp_forwarded: percpu_sum(stats, types::lb_stat::LB_ICMP_FORWARDED.0)?,
+        flows: src.map("flows")?.keys().count() as u64,
+        flow_capacity: map_info(src.map("flows")?)?.max_entries,
+        ..Default::default()
+    };
+    for (n, st) in drop_counters() {
+        out.drops.push((n, percpu_sum(stats, st.0)?));
+    }
+    for (n, st) in ct_counters() {
+        out.conntrack.push((n, percpu_sum(stats, st.0)?));
+    }
+    for s in &state.services {
+        let k = service_key(s.key.addr, s.key.port, s.key.proto);
+        let name = names
+            .lookup(bytes_of(&k), MapFlags::ANY)?
+            .map_or_else(|| s.name.clone(), |v| name_text(&value_of::<types::lb_name>(&v).name));
+        let mut svc = ServiceStatus {
+            name,
+            endpoint: s.endpoint.clone(),
+            hash: s.hash.as_str(),
+            forward: s.forward.as_str(),
+            conntrack: s.conntrack,
+            slots: s.slots,
+            traffic: Traffic::default(),
+            backends: Vec::new(),
+        };
+        for b in &s.backends {
+            let identity = meta
+                .lookup(&b.id.to_ne_bytes(), MapFlags::ANY)?
+                .map_or_else(|| b.identity.clone(), |v| name_text(&value_of::<types::lb_backend_meta>(&v).name));
+            let rec: types::lb_backend = value_of(&backends.lookup(&b.id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default());
+            let t = traffic_of(traffic, b.id)?;
+            svc.traffic.packets += t.packets;
+            svc.traffic.bytes += t.bytes;
+            svc.backends.push(BackendStatus {
+                identity,
+                address: b.address,
+                weight: b.weight,
+                state: b.state.as_str(),
+                mac_known: rec.flags & LB_BACKEND_MAC_KNOWN != 0,
+                slots: s.owners.iter().filter(|&&o| o == b.id).count() as u32,
+                traffic: t,
+            });
+        }
+        out.forwarded += svc.traffic.packets;
+        out.services.push(svc);
+    }
+    Ok(out)
+}
+
+fn traffic_of(map: &dyn MapCore, id: u32) -> Result<Traffic> {
+    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    let mut t = Traffic::default();
+    for v in per_cpu {
+        let cpu: types::lb_traffic = value_of(&v);
+        t.packets += cpu.packets;
+        t.bytes += cpu.bytes;
+    }
+    Ok(t)
 }
