@@ -50,16 +50,14 @@ pub fn prepare(root: &Path, ifc: &Interface) -> Result<(Pinning, Option<Found>)>
     let pinning = Pinning { dir: dir.clone(), _lock: lock };
     if !pin::has_link(&dir) {
         // Leftovers of a controller that died before pinning its link: nothing to adopt.
-        pin::remove_all(&dir)?;
-        std::fs::create_dir_all(&dir)?;
+        pin::clear(&dir)?;
         return Ok((pinning, None));
     }
     let link = pin::open_pinned(&dir.join(pin::LINK))?;
     let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
     if ifindex == 0 || prog_id == 0 {
         log(format!("removing a stale pinned data plane at {} (its interface went away)", dir.display()));
-        pin::remove_all(&dir)?;
-        std::fs::create_dir_all(&dir)?;
+        pin::clear(&dir)?;
         return Ok((pinning, None));
     }
     if ifindex != ifc.ifindex {

@@ -444,6 +444,8 @@ impl State {
                     .unwrap_or_else(|| format!("#{:016x}", meta.identity));
                 backends.push(LiveBackend { id, identity, address, weight: meta.weight, state: meta.state });
             }
+            // Ids were given in pool order.
+            backends.sort_by_key(|b| b.id);
             let name = configured.map_or_else(|| format!("({})", endpoint_of(key)), |s| s.name.clone());
             st.services.push(LiveService {
                 name,

@@ -975,7 +975,26 @@ impl Dataplane {
         let live = read_live(&self.skel)?;
         let index_of = |k: &plan::RouteKey| vip_index(&service_key(k.addr, k.port, k.proto));
         let slots = &self.slots;
-        let (state, retire) = plan::State::rebuild(&live, pool, &self.limits, &index_of, &|i| slots.read(i));
+        let (mut state, retire) = plan::State::rebuild(&live, pool, &self.limits, &index_of, &|i| slots.read(i));
+        // What the file no longer names goes by the names the maps kept (for the reload log),
+        // unless another service has the name now.
+        let taken: std::collections::HashSet<String> = state.services.iter().map(|s| s.name.clone()).collect();
+        for s in &mut state.services {
+            if s.name.starts_with('(') {
+                let k = service_key(s.key.addr, s.key.port, s.key.proto);
+                if let Some(v) = self.skel.maps.service_names.lookup(bytes_of(&k), MapFlags::ANY)? {
+                    let name = name_text(&value_of::<types::lb_name>(&v).name);
+                    if !taken.contains(&name) {
+                        s.name = name;
+                    }
+                }
+            }
+            for b in s.backends.iter_mut().filter(|b| b.identity.starts_with('#')) {
+                if let Some(v) = self.skel.maps.backend_meta.lookup(&b.id.to_ne_bytes(), MapFlags::ANY)? {
+                    b.identity = name_text(&value_of::<types::lb_backend_meta>(&v).name);
+                }
+            }
+        }
         for id in 1..=self.limits.max_backend_id.min(state_highest(&live)) {
             if let Some(v) = self.skel.maps.backend_gen.lookup(&id.to_ne_bytes(), MapFlags::ANY)? {
                 self.gens.insert(id, value_of::<u32>(&v));

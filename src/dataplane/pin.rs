@@ -137,6 +137,14 @@ pub fn try_lock(dir: &Path) -> Result<Option<Lock>> {
     }
 }
 
+/// Removes every pin in `dir`, keeping the directory (and the lock a controller holds on it).
+pub fn clear(dir: &Path) -> Result<()> {
+    for e in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?.flatten() {
+        fs::remove_file(e.path()).with_context(|| format!("removing the pin {}", e.path().display()))?;
+    }
+    Ok(())
+}
+
 /// Removes every pin in `dir` and the directory itself (and its namespace directory when that
 /// is left empty). Returns the names removed.
 pub fn remove_all(dir: &Path) -> Result<Vec<String>> {

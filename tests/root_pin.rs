@@ -1,0 +1,338 @@
+//! A data plane that outlives its controller (`lb attach --pin`), in network namespaces this
+//! test creates, with a bpffs it mounts under /run (a bpffs mounted inside `ip netns exec` would
+//! vanish with that command; see README "Restarts and upgrades"): a stopped controller leaves
+//! the program forwarding; a new one adopts it; `kill -9` at random points of reloads never
+//! leaves a table an adoption cannot repair; `lb detach` and `lb status`; and the clear errors
+//! and clean recoveries for pins that are not what they should be.
+//! Needs root: run with `cargo test --test root_pin`.
+
+mod common;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use lb::config::{parse_str, Pool};
+use lb::table;
+use nix::sys::signal::Signal;
+
+const SECS: Duration = Duration::from_secs(15);
+
+/// A bpffs mounted on a fresh directory under /run; unmounted and removed when dropped.
+struct BpfMount(PathBuf);
+
+impl BpfMount {
+    fn new() -> BpfMount {
+        let d = PathBuf::from(format!("/run/lbt{}-{}-bpf", std::process::id(), rand_u32()));
+        std::fs::create_dir_all(&d).expect("mkdir");
+        sh(&["mount", "-t", "bpf", "bpf", d.to_str().expect("utf-8")]);
+        BpfMount(d)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8")
+    }
+}
+
+impl Drop for BpfMount {
+    fn drop(&mut self) {
+        // Whatever a failing test left attached goes with the namespaces; the pins go here.
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(7)
+}
+
+/// Backends 10.77.0.21..=39 get static neighbour entries with MAC 02:00:00:00:00:NN.
+fn mac(addr: IpAddr) -> [u8; 6] {
+    match addr {
+        IpAddr::V4(a) => [2, 0, 0, 0, 0, u8::from_str_radix(&a.octets()[3].to_string(), 16).unwrap_or(0)],
+        IpAddr::V6(_) => [0; 6],
+    }
+}
+
+fn env() -> (Pair, TempDir, BpfMount) {
+    let p = pair();
+    for n in 21..=39 {
+        p.lb.ip(&["neigh", "replace", &format!("10.77.0.{n}"), "lladdr", &format!("02:00:00:00:00:{n}"), "dev", "lbv0", "nud", "permanent"]);
+    }
+    (p, temp_dir(), BpfMount::new())
+}
+
+/// A pool of `services` services on ports 80.., each with the backends 10.77.0.NN listed.
+fn pool_text(services: &[(u16, &str, &[u32])]) -> String {
+    let mut t = String::from("services:\n");
+    for (port, algorithm, backends) in services {
+        let list: Vec<String> = backends.iter().map(|n| format!("{{address: 10.77.0.{n}, name: b{n}}}")).collect();
+        let slots = if *algorithm == "maglev" { 4099 } else { 8192 };
+        t.push_str(&format!(
+            "  - {{name: s{port}, vip: 10.77.0.100, port: {port}, algorithm: {algorithm}, slots: {slots}, hash: flow, backends: [{}]}}\n",
+            list.join(", ")
+        ));
+    }
+    t
+}
+
+/// Whether the program `prog_id` serves exactly `pool`, table by table, slot by slot.
+fn serves(prog_id: u32, pool: &Pool) -> Result<(), String> {
+    let live = Live::new(prog_id);
+    for s in &pool.services {
+        let t = table::build_service(s);
+        let want: Vec<Option<[u8; 6]>> = t.owners().iter().map(|&o| (o != table::EMPTY).then(|| mac(s.backends[o as usize].address))).collect();
+        match live.table(s.vip, s.port, s.protocol) {
+            Some(got) if got == want => {}
+            Some(got) => {
+                let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                return Err(format!("{}: {diff} of {} slots differ from the builder's", s.name, want.len()));
+            }
+            None => return Err(format!("{}: no route", s.name)),
+        }
+    }
+    Ok(())
+}
+
+fn attach(p: &Pair, config: &Path, pins: &BpfMount) -> Running {
+    Running::start(
+        &p.lb,
+        &["attach", "lbv0", "--config", config.to_str().expect("utf-8"), "--pin", "--pin-dir", pins.arg(), "--reload-delay", "0.001", "--xdp-mode", "generic"],
+    )
+}
+
+/// The program id lb said it attached or adopted.
+fn prog_of(line: &str) -> u32 {
+    if line.contains("adopted") {
+        line.split(" -> ").nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok()).expect("program id")
+    } else {
+        Running::prog_id(line)
+    }
+}
+
+fn status_json(p: &Pair, pins: &BpfMount) -> serde_json::Value {
+    let out = lb_run(&p.lb, &["status", "lbv0", "--json", "--pin-dir", pins.arg()]);
+    assert!(out.status.success(), "lb status: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status json")
+}
+
+#[test]
+fn root_a_pinned_data_plane_outlives_its_controller_and_is_adopted() {
+    let (p, dir, pins) = env();
+    let text = pool_text(&[(80, "ring", &[21, 22, 23]), (81, "maglev", &[24, 25])]);
+    let config = write_config(&dir, "pool.yaml", &text);
+    let pool = parse_str("pool.yaml", &text).expect("valid");
+
+    let mut lb = attach(&p, &config, &pins);
+    let first = prog_of(&lb.wait_for("attached to lbv0", SECS));
+    lb.wait_for("serving", SECS);
+    serves(first, &pool).expect("first controller's tables");
+    let st = status_json(&p, &pins);
+    assert!(st["controller"]["pid"].as_u64().is_some(), "a controller runs: {st}");
+    assert_eq!(st["status"]["services"].as_array().map(|a| a.len()), Some(2));
+    assert_eq!(st["status"]["services"][0]["name"], "s80");
+
+    // SIGTERM: the program stays, forwarding with its tables; no controller.
+    lb.signal(Signal::SIGTERM);
+    assert!(lb.wait_exit(SECS).success());
+    assert!(lb.seen.iter().any(|l| l.contains("left the data plane on lbv0 attached and pinned")), "{:?}", lb.seen);
+    assert!(p.lb.has_xdp("lbv0"), "the program went with its controller");
+    serves(first, &pool).expect("tables after the controller left");
+    let st = status_json(&p, &pins);
+    assert!(st["controller"].is_null(), "{st}");
+    assert_eq!(st["program_id"].as_u64(), Some(first as u64));
+    let b21 = &st["status"]["services"][0]["backends"][0];
+    assert_eq!((b21["identity"].as_str(), b21["state"].as_str()), (Some("b21"), Some("active")));
+
+    // A new controller adopts it: the program is replaced in the link, nothing else changes.
+    let mut lb = attach(&p, &config, &pins);
+    let line = lb.wait_for("adopted the data plane", SECS);
+    assert!(line.contains("no service changed"), "{line}");
+    let second = prog_of(&line);
+    assert_ne!(first, second);
+    lb.wait_for("serving", SECS);
+    serves(second, &pool).expect("adopted tables");
+    // A second controller for the same interface is refused while this one runs.
+    let out = lb_run(&p.lb, &["attach", "lbv0", "--config", config.to_str().expect("utf-8"), "--pin", "--pin-dir", pins.arg()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("controls lbv0's data plane"), "{err}");
+    // lb detach is refused while a controller runs.
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    assert!(!out.status.success());
+
+    // kill -9: the data plane goes on; a reload by the next controller applies the new file.
+    lb.signal(Signal::SIGKILL);
+    lb.wait_exit(SECS);
+    assert!(p.lb.has_xdp("lbv0"));
+    let text2 = pool_text(&[(80, "ring", &[21, 23]), (82, "ring", &[26, 27, 28])]);
+    let config2 = write_config(&dir, "pool.yaml", &text2);
+    let pool2 = parse_str("pool.yaml", &text2).expect("valid");
+    let mut lb = attach(&p, &config2, &pins);
+    let line = lb.wait_for("adopted the data plane", SECS);
+    assert!(line.contains("s80 changed (b22 removed") && line.contains("s81 removed") && line.contains("s82 added"), "{line}");
+    lb.wait_for("serving", SECS);
+    serves(prog_of(&line), &pool2).expect("tables after the adoption's reload");
+    lb.signal(Signal::SIGTERM);
+    lb.wait_exit(SECS);
+
+    // lb detach removes it all and says what it removed; a second detach has nothing to remove.
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("detached XDP program") && said.contains("link"), "{said}");
+    assert!(!p.lb.has_xdp("lbv0"), "detach left a program");
+    let left: Vec<_> = walk(&pins.0).into_iter().filter(|f| !f.ends_with(".debug")).collect();
+    assert!(left.is_empty(), "pins left: {left:?}");
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no pinned lb data plane for lbv0"));
+}
+
+fn walk(d: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn root_without_pin_nothing_is_pinned_and_exit_detaches() {
+    let (p, dir, pins) = env();
+    let config = write_config(&dir, "pool.yaml", &pool_text(&[(80, "ring", &[21, 22])]));
+    let mut lb = Running::start(&p.lb, &["attach", "lbv0", "--config", config.to_str().expect("utf-8"), "--xdp-mode", "generic"]);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGTERM);
+    assert!(lb.wait_exit(SECS).success());
+    assert!(!p.lb.has_xdp("lbv0"));
+    let left: Vec<_> = walk(&pins.0).into_iter().filter(|f| !f.ends_with(".debug")).collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// 50 reloads, each interrupted by kill -9 at a random moment (before, during or after the
+/// writes), each followed by an adoption with the file as it is then: every table must come out
+/// exactly as the builder computes it.
+#[test]
+fn root_kill_9_at_random_points_of_reloads_never_leaves_a_table_adoption_cannot_repair() {
+    let (p, dir, pins) = env();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ rand_u32() as u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let random_pool = |r: &mut dyn FnMut() -> u64| -> String {
+        let mut services = Vec::new();
+        for port in 80..84u16 {
+            if r() % 4 == 0 {
+                continue;
+            }
+            let backends: Vec<u32> = (21..=39).filter(|_| r() % 3 == 0).collect();
+            services.push((port, if r() % 2 == 0 { "ring" } else { "maglev" }, backends));
+        }
+        let refs: Vec<(u16, &str, &[u32])> = services.iter().map(|(p, a, b)| (*p, *a, b.as_slice())).collect();
+        pool_text(&refs)
+    };
+    let mut text = random_pool(&mut next);
+    let config = write_config(&dir, "pool.yaml", &text);
+    let mut lb = attach(&p, &config, &pins);
+    lb.wait_for("serving", SECS);
+    let mut interrupted = 0;
+    for round in 0..50 {
+        // A new file; kill -9 after 0 to 25 ms, while the reload may be anywhere.
+        text = random_pool(&mut next);
+        let tmp = dir.join("pool.yaml.tmp");
+        std::fs::write(&tmp, &text).expect("write");
+        std::fs::rename(&tmp, &config).expect("rename");
+        std::thread::sleep(Duration::from_micros(next() % 25_000));
+        lb.signal(Signal::SIGKILL);
+        lb.wait_exit(SECS);
+        if !lb.seen.iter().any(|l| l.contains("reload (file changed)")) {
+            interrupted += 1;
+        }
+        // The next controller adopts the data plane with the file as it is now.
+        lb = attach(&p, &config, &pins);
+        let line = lb.wait_for("adopted the data plane", SECS);
+        lb.wait_for("serving", SECS);
+        let pool = parse_str("pool.yaml", &text).expect("valid");
+        if let Err(e) = serves(prog_of(&line), &pool) {
+            panic!("round {round}: {e}\nadoption: {line}");
+        }
+    }
+    println!("50 adoptions after kill -9; {interrupted} kills came before the reload finished logging");
+    lb.signal(Signal::SIGTERM);
+    lb.wait_exit(SECS);
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn root_pins_that_are_not_what_they_should_be_give_clear_errors_or_clean_recoveries() {
+    let (p, dir, pins) = env();
+    let config = write_config(&dir, "pool.yaml", &pool_text(&[(80, "ring", &[21, 22])]));
+    let cfg = config.to_str().expect("utf-8");
+
+    // A pin directory that is not bpffs and not empty.
+    let plain = temp_dir();
+    std::fs::write(plain.join("file"), "x").expect("write");
+    let out = lb_run(&p.lb, &["attach", "lbv0", "--config", cfg, "--pin", "--pin-dir", plain.to_str().expect("utf-8")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is not on a bpf filesystem and is not empty"), "{err}");
+    assert!(!p.lb.has_xdp("lbv0"));
+
+    // A layout from the future: lb_meta in a format this version does not know.
+    let mut lb = attach(&p, &config, &pins);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGTERM);
+    lb.wait_exit(SECS);
+    let plane = walk(&pins.0).into_iter().find(|f| f.ends_with("/lb_meta")).expect("lb_meta pinned");
+    let mut args = vec!["bpftool", "map", "update", "pinned", plane.as_str(), "key", "0", "0", "0", "0", "value", "hex"];
+    args.extend(std::iter::repeat_n("ff", std::mem::size_of::<lb::dataplane::types::lb_meta>()));
+    sh(&args);
+    let out = lb_run(&p.lb, &["attach", "lbv0", "--config", cfg, "--pin", "--pin-dir", pins.arg()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("a version of lb this one does not know"), "{err}");
+    assert!(p.lb.has_xdp("lbv0"), "a refusal must leave the pinned data plane alone");
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // A pin left by another interface: the directory of lbv0 holds a link attached elsewhere.
+    p.lb.ip(&["link", "add", "lbx0", "type", "veth", "peer", "name", "lbx1"]);
+    p.lb.ip(&["link", "set", "lbx0", "up"]);
+    p.lb.ip(&["link", "set", "lbx1", "up"]);
+    p.lb.ip(&["addr", "add", "10.78.0.1/24", "dev", "lbx0"]);
+    let other = write_config(&dir, "other.yaml", "services:\n  - {name: o, vip: 10.78.0.100, port: 80, backends: []}\n");
+    let mut lb = Running::start(&p.lb, &["attach", "lbx0", "--config", other.to_str().expect("utf-8"), "--pin", "--pin-dir", pins.arg(), "--xdp-mode", "generic"]);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGTERM);
+    lb.wait_exit(SECS);
+    let lbx = walk(&pins.0).into_iter().find(|f| f.ends_with("/lbx0/link")).expect("lbx0 pinned");
+    let lbv_dir = Path::new(&lbx).parent().and_then(|d| d.parent()).expect("ns dir").join("lbv0");
+    std::fs::create_dir_all(&lbv_dir).expect("mkdir");
+    for f in std::fs::read_dir(Path::new(&lbx).parent().expect("dir")).expect("read").flatten() {
+        std::fs::rename(f.path(), lbv_dir.join(f.file_name())).expect("move pin");
+    }
+    let out = lb_run(&p.lb, &["attach", "lbv0", "--config", cfg, "--pin", "--pin-dir", pins.arg()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is attached to lbx0, not lbv0"), "{err}");
+    assert!(!p.lb.has_xdp("lbv0"));
+
+    // A stale pin whose interface is gone: removed, and a fresh data plane attached.
+    p.lb.ip(&["link", "del", "lbx0"]);
+    let mut lb = attach(&p, &config, &pins);
+    lb.wait_for("removing a stale pinned data plane", SECS);
+    lb.wait_for("attached to lbv0", SECS);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGTERM);
+    lb.wait_exit(SECS);
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    assert!(out.status.success());
+}
