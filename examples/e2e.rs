@@ -161,6 +161,9 @@ enum Cmd {
         dport: u16,
         #[arg(long)]
         seconds: f64,
+        /// Print the number of frames sent after the rate.
+        #[arg(long)]
+        total: bool,
     },
 }
 
@@ -214,7 +217,7 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
-        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds } => trafgen(&iface, &dst_mac, src, dst, dport, seconds),
+        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total } => trafgen(&iface, &dst_mac, src, dst, dport, seconds, total),
     }
 }
 
@@ -751,7 +754,7 @@ fn xdp_floor(iface: &str) -> Result<bool> {
     attach_driver_mode(iface, fd)
 }
 
-fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, dport: u16, seconds: f64) -> Result<bool> {
+fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, dport: u16, seconds: f64, total: bool) -> Result<bool> {
     use libbpf_rs::libbpf_sys;
     let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
     let mac: Vec<u8> = dst_mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
@@ -810,6 +813,10 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
         sent += batch as u64;
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("{:.0}", sent as f64 / secs);
+    if total {
+        println!("{:.0} {sent}", sent as f64 / secs);
+    } else {
+        println!("{:.0}", sent as f64 / secs);
+    }
     Ok(true)
 }

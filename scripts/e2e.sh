@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 source scripts/lib/topology.sh
 
 LB=${LB:-target/release/lb}
+# A second build whose map layout differs (cargo feature layout-test), for the upgrade test.
+LB_NEXT=${LB_NEXT:-target/release/lb-layout-test}
 E2E=$TOPO_E2E
 TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
@@ -588,6 +590,147 @@ test_encap_path_mtu_works_because_icmp_reaches_the_backend() { # MODE FORWARD
     say "lb sent $icmp ICMP errors on to their flows' backends and answered $big packets as too big; without those errors the download stalls"
 }
 
+# ---- a data plane that outlives its controller (lb attach --pin) ----
+
+# A bpffs for this test's pins, mounted in this (the root) mount namespace: `ip netns exec`
+# sees it and its pins outlive each command (one mounted inside `ip netns exec` would not).
+pin_setup() { # MODE
+    setup "$1"
+    PINS="/run/$PREFIX-bpf"
+    mkdir -p "$PINS"
+    mount -t bpf bpf "$PINS"
+    trap 'pin_teardown; teardown' EXIT
+    web_pool "$WORK/pool.yaml" "1:1 2:1 3:1" ring
+}
+
+pin_teardown() {
+    [ -n "${LBPID:-}" ] && kill -9 "$LBPID" 2>/dev/null && wait "$LBPID" 2>/dev/null
+    LBPID=
+    [ -n "${PINS:-}" ] || return 0
+    ip netns exec "$PREFIX-lb" "$LB" detach eth0 --pin-dir "$PINS" >/dev/null 2>&1 || true
+    umount "$PINS" 2>/dev/null || true
+    rmdir "$PINS" 2>/dev/null || true
+}
+
+start_pinned() { # MODE [LB BINARY]
+    local bin=${2:-$LB}
+    ip netns exec "$PREFIX-lb" "$bin" attach eth0 --config "$WORK/pool.yaml" --xdp-mode "$1" --pin --pin-dir "$PINS" \
+        --reload-delay 0.05 >>"$WORK/stats.out" 2>>"$WORK/lb.log" &
+    LBPID=$!
+    local n
+    n=$(grep -c "serving;" "$WORK/lb.log" || true)
+    for _ in $(seq 1 100); do
+        [ "$(grep -c "serving;" "$WORK/lb.log" || true)" -gt "$n" ] && return 0
+        kill -0 "$LBPID" 2>/dev/null || break
+        sleep 0.05
+    done
+    cat "$WORK/lb.log" >&2
+    fail "lb attach --pin did not start"
+}
+
+pin_status() { # FIELD... : a value from lb status --json (python3 reads it)
+    ip netns exec "$PREFIX-lb" "$LB" status eth0 --json --pin-dir "$PINS" | python3 -c "
+import json, sys
+v = json.load(sys.stdin)
+for k in sys.argv[1:]:
+    v = v[int(k)] if isinstance(v, list) else v[k]
+print(json.dumps(v))" "$@"
+}
+
+# New connections without pause until $WORK/stop exists: each round is 500 connections from
+# 5 addresses; every failure is kept in $WORK/churn.failed.
+churn_start() {
+    rm -f "$WORK/stop" "$WORK/churn.failed"
+    (
+        r=0
+        while [ ! -f "$WORK/stop" ]; do
+            ip netns exec "$PREFIX-client" "$E2E" probe --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
+                --first-port $((30000 + (r % 20) * 100)) --count 100 --timeout-ms 1000 >"$WORK/churn.$r" 2>/dev/null
+            grep FAIL "$WORK/churn.$r" >>"$WORK/churn.failed" || true
+            r=$((r + 1))
+        done
+        echo "$r" >"$WORK/churn.rounds"
+    ) &
+    CHURN=$!
+}
+
+churn_stop() { # sets CHURN_SUMMARY to "N new connections, F failed"; fails if any failed
+    touch "$WORK/stop"
+    wait "$CHURN" || true
+    local rounds failed
+    rounds=$(cat "$WORK/churn.rounds")
+    failed=$(grep -c . "$WORK/churn.failed" || true)
+    CHURN_SUMMARY="$((rounds * 500)) new connections, $failed failed"
+    [ "$rounds" -gt 0 ] || { CHURN_SUMMARY="no round of new connections ran"; return 1; }
+    [ "$failed" -eq 0 ] || { head -5 "$WORK/churn.failed" >&2; return 1; }
+}
+
+test_pin_restart_kill_and_upgrade_lose_no_connection() { # MODE
+    pin_setup "$1"
+    start_pinned "$1"
+    hold_open "$TOPO_CLIENTS4" 100 12
+    local h=$HOLD before after out
+    churn_start
+    sleep 0.5
+    before=$(pin_status status flows entries)
+    [ "$before" -ge 100 ] || fail "the flow table holds $before entries with 100 connections open"
+
+    # (1) SIGTERM, then a new controller adopts the data plane.
+    kill -TERM "$LBPID"
+    wait "$LBPID" || fail "SIGTERM exit status"
+    grep -q "left the data plane on eth0 attached and pinned" "$WORK/lb.log" || fail "no 'left pinned' line"
+    xdp_attached || fail "the program went with its controller"
+    sleep 0.5
+    start_pinned "$1"
+    grep "adopted the data plane" "$WORK/lb.log" | tail -1 | grep -q "no service changed" || fail "adoption changed something"
+    after=$(pin_status status flows entries)
+    [ "$after" -ge 100 ] || fail "after adoption the flow table holds $after entries"
+    say "(1) SIGTERM and a new controller: flow table $before entries before, $after after"
+
+    # (2) kill -9: forwarding goes on with no controller; then a new one adopts.
+    kill -9 "$LBPID"
+    wait "$LBPID" 2>/dev/null || true
+    LBPID=
+    [ "$(pin_status controller)" = null ] || fail "lb status shows a controller after kill -9"
+    local fwd0 fwd1
+    fwd0=$(pin_status status forwarded)
+    sleep 1
+    fwd1=$(pin_status status forwarded)
+    [ "$fwd1" -gt "$fwd0" ] || fail "nothing forwarded without a controller"
+    start_pinned "$1"
+    say "(2) kill -9: $((fwd1 - fwd0)) packets forwarded in 1 s with no controller (lb status: controller null); adopted again"
+
+    # (3) An upgrade to a build whose flow-table value has one more field.
+    kill -TERM "$LBPID"
+    wait "$LBPID" || true
+    start_pinned "$1" "$LB_NEXT"
+    out=$(grep "adopted the data plane" "$WORK/lb.log" | tail -1)
+    grep -q "an upgrade: new maps for flows" <<<"$out" || fail "no upgrade: $out"
+    local carried
+    carried=$(grep -o "[0-9]* tracked flows carried over" <<<"$out" | awk '{print $1}')
+    [ "${carried:-0}" -ge 100 ] || fail "only ${carried:-0} tracked flows carried over: $out"
+    after=$(pin_status status flows entries)
+    [ "$after" -ge 100 ] || fail "after the upgrade the flow table holds $after entries"
+    say "(3) upgrade: $carried tracked flows carried over into the new layout"
+    # Tracked flows matter from here: every backend's weight changes, so the table moves, and
+    # the held connections must keep their backends through the carried entries.
+    web_pool "$WORK/pool.yaml" "1:3 2:2 3:1" ring
+    wait_log "b1 weight 1 -> 3" 1
+
+    wait "$h" || { cat "$WORK/hold.log" >&2; fail "a long-lived connection broke"; }
+    churn_stop || fail "new connections: $CHURN_SUMMARY"
+    say "$CHURN_SUMMARY; $(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
+
+    # (5) lb detach leaves nothing pinned or attached.
+    kill -TERM "$LBPID"
+    wait "$LBPID" || true
+    LBPID=
+    ip netns exec "$PREFIX-lb" "$LB" detach eth0 --pin-dir "$PINS" >"$WORK/detach.out" || fail "lb detach"
+    if xdp_attached; then fail "a program is left after lb detach"; fi
+    [ -z "$(find "$PINS" -type f ! -name '*.debug')" ] || fail "pins left: $(find "$PINS" -type f ! -name '*.debug')"
+    say "(5) $(cat "$WORK/detach.out")"
+}
+
 # ---- runner ----
 
 TESTS=(
@@ -621,6 +764,8 @@ TESTS=(
     "test_encap_tracked_connections_survive_a_reweight native"
     "test_encap_tracked_connections_survive_a_reweight generic"
     "test_encap_follows_a_route_change native"
+    "test_pin_restart_kill_and_upgrade_lose_no_connection native"
+    "test_pin_restart_kill_and_upgrade_lose_no_connection generic"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"

@@ -22,5 +22,8 @@ fi
 cargo test --release --test 'root_*'
 
 echo "== end-to-end: real clients and servers in network namespaces, native and generic XDP"
+# The upgrade test needs a second build whose map layout differs (cargo feature layout-test).
+cargo build --release --features layout-test --bin lb
+cp target/release/lb target/release/lb-layout-test
 cargo build --release --bins --examples
 scripts/e2e.sh

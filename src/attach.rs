@@ -348,24 +348,20 @@ fn adopt(
     let t0 = Instant::now();
     dp.adopt(pool).context("reading the pinned data plane's state")?;
     let applied = dp.install(pool, ifc.mac, &|a| macs.get(&a).copied()).context("applying the pool to the adopted maps")?;
-    let flows_path = p.dir.join("flows");
-    let carry = fresh.contains(&"flows");
-    let mut carried = 0;
-    if carry {
-        carried += dp.carry_flows(&flows_path, f.prog_id)?;
-    }
-    lb::dataplane::pin::link_update(&f.link, &dp.program_fd())?;
-    if carry {
-        // Flows the old program made while the first copy ran.
-        carried += dp.carry_flows(&flows_path, f.prog_id)?;
-    }
+    let switch = || lb::dataplane::pin::link_update(&f.link, &dp.program_fd());
+    let carried = if fresh.contains(&"flows") {
+        dp.carry_flows(&p.dir.join("flows"), f.prog_id, switch)?
+    } else {
+        switch()?;
+        0
+    };
     if !fresh.is_empty() {
         dp.pin_maps(&p.dir, Some(fresh))?;
     }
     dp.write_meta(f.attached_ms, Some((std::process::id(), started_ms)), ifc.ifindex)?;
     let new_prog = dp.program_id()?;
     log(format!(
-        "adopted the data plane pinned at {} on {} (link {}): program {} -> {}{}; {} in {:.1} ms",
+        "adopted the data plane pinned at {} on {} (link {}): program {} -> {}{}; {} in {:.1} ms ({} ms after this process started)",
         p.dir.display(),
         ifc.name,
         f.link_id,
@@ -377,7 +373,8 @@ fn adopt(
             format!(" (an upgrade: new maps for {}; {carried} tracked flows carried over)", fresh.join(", "))
         },
         describe_touched(&applied.touched),
-        t0.elapsed().as_secs_f64() * 1e3
+        t0.elapsed().as_secs_f64() * 1e3,
+        lb::dataplane::pin::now_ms().saturating_sub(started_ms)
     ));
     Ok(Attachment::Pinned(f.link))
 }

@@ -430,8 +430,11 @@ impl State {
             used_ranges.push((route.base, route.table_len));
             let configured = pool.services.iter().find(|s| service_key(s) == *key);
             let mut claims = by_service.remove(key).unwrap_or_default();
-            let slots_of = |id: u32| owners.iter().filter(|&&o| o == id).count();
-            claims.sort_by_key(|c| (std::cmp::Reverse(slots_of(c.0)), c.0));
+            let mut slots_of: HashMap<u32, usize> = HashMap::new();
+            for &o in &owners {
+                *slots_of.entry(o).or_default() += 1;
+            }
+            claims.sort_by_key(|c| (std::cmp::Reverse(slots_of.get(&c.0).copied().unwrap_or(0)), c.0));
             let mut seen = HashSet::new();
             let mut backends = Vec::new();
             for (id, address, _alive, meta) in claims {
