@@ -393,28 +393,18 @@ impl Dataplane {
     /// Every counter of the data plane, summed over CPUs.
     pub fn snapshot(&self) -> Result<Snapshot> {
         use types::lb_stat as S;
-        let drops = [
-            ("malformed", S::LB_DROP_MALFORMED),
-            ("no_backend", S::LB_DROP_NO_BACKEND),
-            ("no_mac", S::LB_DROP_NO_MAC),
-            ("fragment", S::LB_DROP_FRAGMENT),
-            ("no_table", S::LB_DROP_NO_TABLE),
-            ("too_big", S::LB_STAT_TOO_BIG),
-            ("oversize", S::LB_DROP_OVERSIZE),
-            ("encap", S::LB_DROP_ENCAP),
-        ];
         let mut snap = Snapshot {
             forwarded: 0,
             passed: self.stat(S::LB_STAT_PASSED)?,
-            drops: Vec::with_capacity(drops.len()),
+            drops: Vec::with_capacity(8),
             conntrack: Vec::with_capacity(4),
             icmp_forwarded: self.stat(S::LB_ICMP_FORWARDED)?,
             services: Vec::with_capacity(self.state.services.len()),
         };
-        for (name, stat) in drops {
+        for (name, stat) in drop_counters() {
             snap.drops.push((name, self.stat(stat)?));
         }
-        for (name, stat) in [("hit", S::LB_CT_HIT), ("miss", S::LB_CT_MISS), ("new", S::LB_CT_NEW), ("stale", S::LB_CT_STALE)] {
+        for (name, stat) in ct_counters() {
             snap.conntrack.push((name, self.stat(stat)?));
         }
         for s in &self.state.services {
@@ -426,7 +416,7 @@ impl Dataplane {
                     weight: b.weight,
                     mac_known: self.macs.contains_key(&self.neighbour_of(b.address)),
                     health: None,
-                    traffic: traffic(&self.skel.maps.backend_traffic, b.id)?,
+                    traffic: traffic_of(&self.skel.maps.backend_traffic, b.id)?,
                 });
             }
             // Backend ids are per service, so the service's traffic is its backends' sum.
@@ -457,15 +447,14 @@ impl Dataplane {
     pub fn forwarded(&self) -> Result<u64> {
         let mut total = 0;
         for b in self.state.services.iter().flat_map(|s| &s.backends) {
-            total += traffic(&self.skel.maps.backend_traffic, b.id)?.packets;
+            total += traffic_of(&self.skel.maps.backend_traffic, b.id)?.packets;
         }
         Ok(total)
     }
 
     /// A counter of enum lb_stat, summed over CPUs.
     pub fn stat(&self, stat: types::lb_stat) -> Result<u64> {
-        let per_cpu = self.skel.maps.stats.lookup_percpu(&stat.0.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-        Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
+        percpu_sum(&self.skel.maps.stats, stat.0)
     }
 }
 
@@ -578,17 +567,6 @@ pub fn value_of<T: Copy + Default>(bytes: &[u8]) -> T {
     unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) }
 }
 
-/// One lb_traffic entry of a per-CPU map, summed over CPUs.
-fn traffic(map: &impl MapCore, id: u32) -> Result<Traffic> {
-    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-    let mut t = Traffic::default();
-    for v in per_cpu {
-        let cpu: types::lb_traffic = value_of(&v);
-        t.packets += cpu.packets;
-        t.bytes += cpu.bytes;
-    }
-    Ok(t)
-}
 
 /// The routes-array (and services-map) value of a route.
 fn route_value(r: &plan::Route) -> types::lb_service {
@@ -1319,6 +1297,7 @@ fn plane_status(src: &dyn MapSource) -> Result<crate::stats::PlaneStatus> {
     Ok(out)
 }
 
+/// One lb_traffic entry of a per-CPU map, summed over CPUs.
 fn traffic_of(map: &dyn MapCore, id: u32) -> Result<Traffic> {
     let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
     let mut t = Traffic::default();
