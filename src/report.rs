@@ -25,6 +25,9 @@ pub fn service_summary(s: &Service) -> String {
     if s.algorithm == Algorithm::Ring {
         let _ = write!(line, " vnodes_per_weight={}", s.vnodes_per_weight);
     }
+    if s.algorithm == Algorithm::Bounded {
+        let _ = write!(line, " load_bound={}.{:03}", s.load_bound / 1000, s.load_bound % 1000);
+    }
     match s.forward {
         Forward::L2 => {}
         Forward::Ipip => line.push_str(" forward=ipip"),
@@ -114,7 +117,7 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
             None => Value::Null,
         })
         .collect();
-    json!({
+    let mut v = json!({
         "name": s.name,
         "vip": s.vip.to_string(),
         "port": s.port,
@@ -125,7 +128,11 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
         "slots": s.slots,
         "backends": backends,
         "table": entries,
-    })
+    });
+    if s.algorithm == Algorithm::Bounded {
+        v["load_bound"] = json!(s.load_bound as f64 / 1000.0);
+    }
+    v
 }
 
 fn owner_name(o: &Option<String>) -> &str {

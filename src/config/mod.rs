@@ -52,6 +52,8 @@ impl Protocol {
 pub enum Algorithm {
     Ring,
     Maglev,
+    /// A stable matching with a cap per backend (table/bounded.rs).
+    Bounded,
 }
 
 impl Algorithm {
@@ -59,6 +61,7 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::Maglev => "maglev",
+            Algorithm::Bounded => "bounded",
         }
     }
 }
@@ -170,6 +173,9 @@ pub struct Service {
     pub algorithm: Algorithm,
     pub slots: u32,
     pub vnodes_per_weight: u32,
+    /// `algorithm: bounded` only: the cap on each backend's slots over its fair share, in
+    /// thousandths (1020: 1.02).
+    pub load_bound: u32,
     pub hash: HashMode,
     pub backends: Vec<Backend>,
     /// None: no health checking (every backend counts as healthy).
@@ -552,6 +558,7 @@ impl Validator<'_> {
             "conntrack",
             "forward",
             "gue_port",
+            "load_bound",
         ];
         let f = self.mapping(node, at, KEYS)?;
 
@@ -571,7 +578,11 @@ impl Validator<'_> {
         };
         let algorithm = match Self::get(f, "algorithm") {
             None => Algorithm::Ring,
-            Some(n) => self.choice(n, &at.key("algorithm"), &[("ring", Algorithm::Ring), ("maglev", Algorithm::Maglev)])?,
+            Some(n) => self.choice(
+                n,
+                &at.key("algorithm"),
+                &[("ring", Algorithm::Ring), ("maglev", Algorithm::Maglev), ("bounded", Algorithm::Bounded)],
+            )?,
         };
         let slots = match Self::get(f, "slots") {
             None => DEFAULT_SLOTS,
@@ -585,10 +596,17 @@ impl Validator<'_> {
         }
         let vnodes_per_weight = match Self::get(f, "vnodes_per_weight") {
             None => DEFAULT_VNODES_PER_WEIGHT,
-            Some(_) if algorithm == Algorithm::Maglev => {
+            Some(_) if algorithm != Algorithm::Ring => {
                 return Err(self.err(&at.key("vnodes_per_weight"), "applies to `algorithm: ring` only"));
             }
             Some(n) => self.integer(n, &at.key("vnodes_per_weight"), 1, MAX_VNODES_PER_WEIGHT)?,
+        };
+        let load_bound = match Self::get(f, "load_bound") {
+            None => crate::table::bounded::DEFAULT_LOAD_BOUND,
+            Some(_) if algorithm != Algorithm::Bounded => {
+                return Err(self.err(&at.key("load_bound"), "applies to `algorithm: bounded` only"));
+            }
+            Some(n) => self.load_bound(n, &at.key("load_bound"))?,
         };
         let hash = match Self::get(f, "hash") {
             None => HashMode::ClientIp,
@@ -675,6 +693,7 @@ impl Validator<'_> {
             algorithm,
             slots,
             vnodes_per_weight,
+            load_bound,
             hash,
             backends,
             health_check,
@@ -759,6 +778,25 @@ impl Validator<'_> {
             Some(n) => self.integer(n, &at.key("fall"), 1, 100)?,
         };
         Ok(Some(HealthCheck { kind, port: check_port, path, expect, interval, timeout, rise, fall }))
+    }
+
+    /// `1.02`: a number from 1.000 to 2.000 with at most three decimals, as thousandths.
+    fn load_bound(&self, node: &Node, at: &FieldPath) -> Result<u32, ConfigError> {
+        use crate::table::bounded::{MAX_LOAD_BOUND, MIN_LOAD_BOUND};
+        let bad = |what: String| self.err(at, format!("{what}: expected a number from 1.000 to 2.000 with at most three decimals"));
+        let x = match node {
+            Node::Int(i) => *i as f64,
+            Node::Float(x) => *x,
+            other => return Err(bad(other.kind().to_string())),
+        };
+        let milli = (x * 1000.0).round();
+        if (x * 1000.0 - milli).abs() > 1e-6 {
+            return Err(bad(format!("{x} has more than three decimals")));
+        }
+        if !(MIN_LOAD_BOUND as f64..=MAX_LOAD_BOUND as f64).contains(&milli) {
+            return Err(bad(format!("{x}")));
+        }
+        Ok(milli as u32)
     }
 
     /// `2s`, `500ms`, `1.5s`, `1m`, or a number of seconds, within lo..=hi seconds.
@@ -922,6 +960,15 @@ mod tests {
         assert_eq!((p.services[0].forward, p.services[0].gue_port), (Forward::Ipip, DEFAULT_GUE_PORT));
         assert_eq!((p.services[1].forward, p.services[1].gue_port), (Forward::Gue, 7000));
         assert_eq!(p.services[2].forward, Forward::L2);
+    }
+
+    #[test]
+    fn bounded_takes_a_load_bound_in_thousandths() {
+        let p = parse_str("p.yaml", "services:\n  - {name: a, vip: 10.0.0.1, port: 80, algorithm: bounded, slots: 1000, backends: [10.1.0.1]}\n  - {name: b, vip: 10.0.0.1, port: 81, algorithm: bounded, load_bound: 1.005, backends: [10.1.0.1]}\n  - {name: c, vip: 10.0.0.1, port: 82, algorithm: bounded, load_bound: 2, backends: [10.1.0.1]}\n").expect("valid");
+        assert_eq!(p.services.iter().map(|s| s.load_bound).collect::<Vec<_>>(), [1020, 1005, 2000]);
+        assert_eq!(p.services[0].algorithm, Algorithm::Bounded);
+        let e = parse_str("p.yaml", "services:\n  - {name: a, vip: 10.0.0.1, port: 80, algorithm: bounded, vnodes_per_weight: 10, backends: [10.1.0.1]}\n").unwrap_err();
+        assert!(e.to_string().contains("vnodes_per_weight: applies to `algorithm: ring` only"), "{e}");
     }
 
     #[test]

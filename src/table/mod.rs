@@ -1,10 +1,11 @@
 //! Destination tables: a backend pool compiled into a fixed array of slots.
 //!
-//! Both builders are pure functions of (identities, weights, table size, and for the ring the
-//! tokens per weight). They never look at the order in which backends were listed, the
+//! The builders (ring, Maglev, bounded) are pure functions of (identities, weights, table size,
+//! and for the ring the tokens per weight, for the bounded table its load bound). They never look at the order in which backends were listed, the
 //! machine, or the time, so several load balancers given the same pool agree slot for slot.
 //! The exact algorithms are written down in README.md ("Table spec"); the code follows it.
 
+pub mod bounded;
 pub mod maglev;
 pub mod ring;
 
@@ -66,11 +67,13 @@ impl Table {
     }
 }
 
-/// Builds a table with the given algorithm.
+/// Builds a table with the given algorithm (a bounded table with the default load bound; see
+/// [`bounded::build`] for another).
 pub fn build(algorithm: Algorithm, slots: u32, vnodes_per_weight: u32, members: &[Member]) -> Table {
     match algorithm {
         Algorithm::Ring => ring::build(members, vnodes_per_weight, slots),
         Algorithm::Maglev => maglev::build(members, slots),
+        Algorithm::Bounded => bounded::build(members, slots, bounded::DEFAULT_LOAD_BOUND),
     }
 }
 
@@ -83,7 +86,10 @@ pub fn build_service(service: &Service) -> Table {
         .zip(&identities)
         .map(|(b, id)| Member { identity: id, weight: b.serving_weight() })
         .collect();
-    build(service.algorithm, service.slots, service.vnodes_per_weight, &members)
+    match service.algorithm {
+        Algorithm::Bounded => bounded::build(&members, service.slots, service.load_bound),
+        a => build(a, service.slots, service.vnodes_per_weight, &members),
+    }
 }
 
 /// Builds services' tables across successive pools, reusing each ring service's tokens from the
