@@ -188,3 +188,30 @@ fn diff_with_a_bad_file_fails_with_its_position() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("bad-protocol.yaml:5:15: services[0].protocol"), "{}", stderr(&o));
 }
+
+#[test]
+fn bounded_services_check_table_and_diff_like_the_others() {
+    let dir = std::env::temp_dir().join(format!("lb-cli-bounded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let a = dir.join("a.yaml");
+    let b = dir.join("b.yaml");
+    std::fs::write(&a, "services:\n  - {name: web, vip: 10.0.0.1, port: 80, algorithm: bounded, load_bound: 1.05, slots: 1000, backends: [10.1.0.1, 10.1.0.2, 10.1.0.3]}\n").expect("write");
+    std::fs::write(&b, "services:\n  - {name: web, vip: 10.0.0.1, port: 80, algorithm: bounded, load_bound: 1.05, slots: 1000, backends: [10.1.0.1, 10.1.0.3]}\n").expect("write");
+    let check = lb(&["check", "--config", a.to_str().expect("utf-8")]);
+    assert!(check.status.success());
+    assert!(stdout(&check).contains("bounded slots=1000") && stdout(&check).contains("load_bound=1.050"), "{}", stdout(&check));
+    let table = lb(&["table", "--config", a.to_str().expect("utf-8"), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&table)).expect("json");
+    assert_eq!(v["services"][0]["algorithm"], "bounded");
+    assert_eq!(v["services"][0]["load_bound"], 1.05);
+    // Every backend within its cap: ceil(1.05 * 1000 / 3) = 350.
+    for be in v["services"][0]["backends"].as_array().expect("backends") {
+        assert!(be["slots"].as_u64().expect("slots") <= 350, "{be}");
+    }
+    let diff = lb(&["diff", a.to_str().expect("utf-8"), b.to_str().expect("utf-8"), "--json"]);
+    let d: serde_json::Value = serde_json::from_str(&stdout(&diff)).expect("json");
+    let moved = d["services"][0]["moved"].as_u64().expect("moved");
+    let removed_slots = v["services"][0]["backends"][1]["slots"].as_u64().expect("slots");
+    assert!(moved >= removed_slots && moved <= 2 * removed_slots, "moved {moved} for {removed_slots}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

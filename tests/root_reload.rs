@@ -315,3 +315,27 @@ fn root_reload_on_sighup_and_adding_and_removing_services() {
     assert_eq!(env.lb.wait_exit(SECS).code(), Some(0));
     let _ = &env.p;
 }
+
+#[test]
+fn root_reload_switches_services_to_and_between_bounded_tables() {
+    let env = setup(plain_file, &[]);
+    converges(&env, V0, &[]);
+    // ring -> bounded and maglev -> bounded (a size no prime needs), then a new bound, then a
+    // backend removed: each time the live tables are the builder's.
+    let steps = [
+        V0.replace("    port: 80\n", "    port: 80\n    algorithm: bounded\n")
+            .replace("    algorithm: maglev\n", "    algorithm: bounded\n    load_bound: 1.05\n")
+            .replace("slots: 4099", "slots: 4096"),
+        V0.replace("    port: 80\n", "    port: 80\n    algorithm: bounded\n    load_bound: 1.000\n")
+            .replace("    algorithm: maglev\n", "    algorithm: bounded\n    load_bound: 1.05\n")
+            .replace("slots: 4099", "slots: 4096"),
+        V0.replace("    port: 80\n", "    port: 80\n    algorithm: bounded\n    load_bound: 1.000\n")
+            .replace("    algorithm: maglev\n", "    algorithm: bounded\n    load_bound: 1.05\n")
+            .replace("slots: 4099", "slots: 4096")
+            .replace("[10.77.0.21, 10.77.0.22, 10.77.0.23]", "[10.77.0.21, 10.77.0.23]"),
+    ];
+    for text in &steps {
+        rename_over(&env.dir.join("pool.yaml"), text);
+        converges(&env, text, &[]);
+    }
+}
