@@ -90,11 +90,13 @@ cp configs/pool.yaml "$WORK/pool.yaml"
 
 echo
 echo "== lb attach eth0 --config pool.yaml (a copy of configs/pool.yaml), in $P-lb"
-ip netns exec "$P-lb" "$lb" attach eth0 --config "$WORK/pool.yaml" >/dev/null 2>"$WORK/lb.log" &
+ip netns exec "$P-lb" "$lb" attach eth0 --config "$WORK/pool.yaml" --metrics 127.0.0.1:9100 >/dev/null 2>"$WORK/lb.log" &
 LBPID=$!
 for _ in $(seq 1 100); do grep -q "serving;" "$WORK/lb.log" && break; sleep 0.1; done
 sed 's/^/   /' "$WORK/lb.log"
 grep -q "serving;" "$WORK/lb.log" || { echo "lb attach did not start" >&2; exit 1; }
+echo "   status page: http://127.0.0.1:9100/ and metrics: http://127.0.0.1:9100/metrics, inside the namespace"
+echo "   (while the demo runs: sudo ip netns exec $P-lb curl -s http://127.0.0.1:9100/metrics | grep lb_forwarded)"
 
 echo
 echo "== 2300 TCP connections to 10.99.0.100:80 (service web: ring, hash client-ip), 10 from each of 230 clients"

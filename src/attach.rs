@@ -64,6 +64,8 @@ pub struct Plan {
     pub encap_sources: Vec<(IpAddr, u8)>,
     /// `--pin`: the root of bpffs pins; the data plane outlives this process.
     pub pin: Option<PathBuf>,
+    /// `--metrics`: where to serve /metrics and the status page.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Outer sources of encapsulated packets, per family.
@@ -210,6 +212,11 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         _ => None,
     };
     let (mut dp, fresh) = Dataplane::load_with(plan.table_capacity, plan.conntrack_size, reuse.as_ref())?;
+    // Bound before anything is attached or changed: a bad address or a port in use stops here.
+    let metrics = match plan.metrics {
+        Some(addr) => Some(crate::serve_metrics::start(addr, dp.counter_maps()?, lb::metrics::Model::default())?),
+        None => None,
+    };
     dp.set_conntrack_timeouts(plan.conntrack_timeouts.0, plan.conntrack_timeouts.1)?;
     let mtu = interface_mtu(&ifc);
     dp.set_mtu(mtu)?;
@@ -292,6 +299,11 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         configured: pool.clone(),
         health: HealthMap::new(),
         prober: Prober::new(PROBE_WORKERS)?,
+        metrics,
+        xdp_mode: match &xdp {
+            Attachment::Link(l) => l.mode.as_str().to_string(),
+            Attachment::Pinned(_) => "adopted".to_string(),
+        },
         next_probe: HashMap::new(),
         probes_due: Some(Instant::now()),
         failing_open: Vec::new(),
@@ -683,6 +695,8 @@ struct Server<'a> {
     probes_due: Option<Instant>,
     /// Services whose every backend is down, served as if all were up.
     failing_open: Vec<String>,
+    metrics: Option<crate::serve_metrics::Metrics>,
+    xdp_mode: String,
 }
 
 /// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise; by identity.
@@ -719,7 +733,10 @@ impl Server<'_> {
     /// with health applied.
     fn health_results(&mut self) -> Result<()> {
         let mut changed = false;
-        for (key, result) in self.prober.drain() {
+        for (key, result, took) in self.prober.drain() {
+            if let Some(m) = &self.metrics {
+                m.probe(&key.0, result.is_ok(), took);
+            }
             let Some(check) = self.configured.service(&key.0).and_then(|s| s.health_check.clone()) else { continue };
             let h = self.health.entry(key.clone()).or_default();
             let label = label_of(&self.configured, &key.0, &key.1);
@@ -761,6 +778,7 @@ impl Server<'_> {
         let applying = Instant::now();
         match self.dp.apply(&pool) {
             Ok(applied) => {
+                self.publish();
                 if why == "health" {
                     log(format!(
                         "health: applied in {:.1} ms: {}",
@@ -798,6 +816,7 @@ impl Server<'_> {
     /// Serves until a stop signal; returns its name.
     fn serve(&mut self) -> Result<String> {
         let started = Instant::now();
+        self.publish();
         let mut next_refresh = started + NEIGHBOUR_REFRESH;
         let mut next_tick = started + CLOCK_TICK;
         let mut next_recheck = started + self.plan.recheck_interval;
@@ -876,6 +895,7 @@ impl Server<'_> {
                 }
                 self.refresh_routes()?;
                 refresh_neighbours(self.dp, self.ifc, self.nl, &self.backends, &mut self.failing)?;
+                self.publish();
             }
             if let (Some(interval), Some(due)) = (self.plan.stats_interval, next_stats) {
                 if now >= due {
@@ -936,6 +956,7 @@ impl Server<'_> {
         self.last_read_error = None;
         let d = digest(&bytes);
         if d == self.content {
+            self.count_reload(crate::serve_metrics::ReloadResult::Unchanged, None);
             if why == "SIGHUP" {
                 log(format!("reload (SIGHUP): {} is unchanged", path.display()));
             }
@@ -946,6 +967,7 @@ impl Server<'_> {
             Ok(p) => p,
             Err(e) => {
                 log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+                self.count_reload(crate::serve_metrics::ReloadResult::Refused, None);
                 return Ok(());
             }
         };
@@ -956,6 +978,7 @@ impl Server<'_> {
             for p in problems {
                 log(format!("  {p}"));
             }
+            self.count_reload(crate::serve_metrics::ReloadResult::Refused, None);
             return Ok(());
         }
         let sources = match link::interface(&self.ifc.name)
@@ -965,6 +988,7 @@ impl Server<'_> {
             Ok(s) => s,
             Err(e) => {
                 log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+                self.count_reload(crate::serve_metrics::ReloadResult::Refused, None);
                 return Ok(());
             }
         };
@@ -991,6 +1015,7 @@ impl Server<'_> {
         match self.install_effective("reload") {
             Ok(Some(applied)) => {
                 let done = Instant::now();
+                self.count_reload(crate::serve_metrics::ReloadResult::Applied, Some(done - applying));
                 log(format!(
                     "reload ({why}): {} applied in {:.1} ms ({:.1} ms since reading it): {}",
                     path.display(),
@@ -1009,9 +1034,75 @@ impl Server<'_> {
                 self.configured = previous;
                 self.health = kept_health;
                 log(format!("reload refused ({why}): {e:#}; the current tables keep serving"));
+                self.count_reload(crate::serve_metrics::ReloadResult::Refused, None);
             }
         }
         Ok(())
+    }
+
+    fn count_reload(&self, result: crate::serve_metrics::ReloadResult, apply: Option<Duration>) {
+        if let Some(m) = &self.metrics {
+            m.reload(result, apply);
+        }
+    }
+
+    /// Publishes what is configured and served to the metrics thread.
+    fn publish(&self) {
+        let Some(m) = &self.metrics else { return };
+        m.publish(self.model());
+    }
+
+    fn model(&self) -> lb::metrics::Model {
+        use lb::metrics::{BackendModel, Model, ServiceModel};
+        let mut services = Vec::new();
+        for live in self.dp.installed() {
+            let Some(conf) = self.configured.service(&live.name) else { continue };
+            let mut owned: HashMap<u32, u64> = HashMap::new();
+            for &o in &live.owners {
+                *owned.entry(o).or_default() += 1;
+            }
+            let backends = live
+                .backends
+                .iter()
+                .map(|b| {
+                    let configured = conf.backends.iter().find(|c| c.identity() == b.identity);
+                    let checked = conf.health_check.is_some();
+                    let h = self.health.get(&(live.name.clone(), b.identity.clone()));
+                    let healthy = h.is_none_or(|h| h.healthy);
+                    BackendModel {
+                        id: b.id,
+                        identity: b.identity.clone(),
+                        address: b.address.to_string(),
+                        weight: configured.map_or(b.weight, |c| c.weight),
+                        effective_weight: if live.empty { 0 } else { b.weight * (b.state == config::BackendState::Active) as u32 },
+                        slots: owned.get(&b.id).copied().unwrap_or(0),
+                        healthy,
+                        health: if !checked { "not checked".to_string() } else { h.map_or("healthy".to_string(), |h| h.describe()) },
+                        state: configured.map_or("active", |c| c.state.as_str()).to_string(),
+                        mac_known: self.dp.mac(self.dp.neighbour_of(b.address)).is_some(),
+                    }
+                })
+                .collect();
+            services.push(ServiceModel {
+                name: live.name.clone(),
+                vip: conf.vip.to_string(),
+                port: conf.port,
+                protocol: conf.protocol.as_str().to_string(),
+                algorithm: conf.algorithm.as_str().to_string(),
+                hash: conf.hash.as_str().to_string(),
+                forward: conf.forward.as_str().to_string(),
+                slots: live.slots,
+                backends,
+            });
+        }
+        Model {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            interface: self.ifc.name.clone(),
+            xdp_mode: self.xdp_mode.clone(),
+            program_id: self.dp.program_id().unwrap_or(0),
+            flow_capacity: self.plan.conntrack_size as u64,
+            services,
+        }
     }
 
     /// Follows the routing table: an encapsulated backend whose next hop changed is sent to the

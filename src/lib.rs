@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod diff;
 pub mod flowhash;
 pub mod health;
+pub mod metrics;
 pub mod plan;
 pub mod report;
 pub mod stats;

@@ -15,6 +15,7 @@ mod attach;
 mod decap;
 mod persist;
 mod probe;
+mod serve_metrics;
 mod watch;
 
 #[derive(Parser)]
@@ -97,6 +98,10 @@ enum Command {
         /// filesystem); one subdirectory per network namespace and interface.
         #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        /// Serve Prometheus metrics at http://ADDR:PORT/metrics and a status page at / (a
+        /// loopback address is recommended: there is no authentication).
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Remove a pinned data plane: detach its program from IFACE and remove its pins.
     Detach {
@@ -215,6 +220,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             encap_source,
             pin,
             pin_dir,
+            metrics,
         } => {
             drop(out);
             let v4 = encap_source.iter().filter(|a| a.0.is_ipv4()).count();
@@ -243,6 +249,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 recheck_interval,
                 encap_sources: encap_source,
                 pin: pin.then_some(pin_dir),
+                metrics,
             };
             return attach::run(plan, pool, &content);
         }

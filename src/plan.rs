@@ -141,6 +141,9 @@ pub struct LiveService {
     pub conntrack: bool,
     pub forward: Forward,
     pub gue_port: u16,
+    /// The table builder and its parameter (ring: vnodes per weight; bounded: load bound).
+    pub algorithm: crate::config::Algorithm,
+    pub algorithm_param: u32,
 }
 
 /// What is installed: a mirror of the maps' contents, plus the allocators.
@@ -205,6 +208,21 @@ fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     }
     if old.forward != new.forward {
         out.push(format!("forward {} -> {}", old.forward.as_str(), new.forward.as_str()));
+    }
+    if old.algorithm != new.algorithm {
+        out.push(format!("{} -> {}", old.algorithm.as_str(), new.algorithm.as_str()));
+    } else if old.algorithm_param != new.algorithm_param {
+        match new.algorithm {
+            crate::config::Algorithm::Ring => out.push(format!("vnodes_per_weight {} -> {}", old.algorithm_param, new.algorithm_param)),
+            crate::config::Algorithm::Bounded => out.push(format!(
+                "load_bound {}.{:03} -> {}.{:03}",
+                old.algorithm_param / 1000,
+                old.algorithm_param % 1000,
+                new.algorithm_param / 1000,
+                new.algorithm_param % 1000
+            )),
+            crate::config::Algorithm::Maglev => {}
+        }
     }
     if old.forward == Forward::Gue && new.forward == Forward::Gue && old.gue_port != new.gue_port {
         out.push(format!("gue_port {} -> {}", old.gue_port, new.gue_port));
@@ -463,6 +481,10 @@ impl State {
                 conntrack: route.conntrack,
                 forward: route.forward,
                 gue_port: route.gue_port,
+                // The maps do not say which builder made a table: the file's is taken, so an
+                // adoption reports no builder change (the tables themselves are compared).
+                algorithm: configured.map_or(crate::config::Algorithm::Ring, |s| s.algorithm),
+                algorithm_param: configured.map_or(0, algorithm_param),
             });
         }
         // Backends of services nothing reaches any more: retired.
@@ -494,6 +516,15 @@ fn endpoint_of(k: &RouteKey) -> String {
     match k.addr {
         IpAddr::V4(a) => format!("{a}:{}/{}", k.port, k.proto.as_str()),
         IpAddr::V6(a) => format!("[{a}]:{}/{}", k.port, k.proto.as_str()),
+    }
+}
+
+/// The builder's parameter of a service, for change detection.
+fn algorithm_param(s: &Service) -> u32 {
+    match s.algorithm {
+        crate::config::Algorithm::Ring => s.vnodes_per_weight,
+        crate::config::Algorithm::Bounded => s.load_bound,
+        crate::config::Algorithm::Maglev => 0,
     }
 }
 
@@ -615,6 +646,8 @@ pub fn plan(
             conntrack: s.conntrack,
             forward: s.forward,
             gue_port: s.gue_port,
+            algorithm: s.algorithm,
+            algorithm_param: algorithm_param(s),
             empty: !s.backends.iter().any(|b| b.serving_weight() > 0),
         };
         let change = match old {
@@ -626,6 +659,8 @@ pub fn plan(
                     || o.conntrack != live.conntrack
                     || o.forward != live.forward
                     || o.gue_port != live.gue_port
+                    || o.algorithm != live.algorithm
+                    || o.algorithm_param != live.algorithm_param
                     || written > 0
                     || o.backends != live.backends =>
             {
@@ -971,6 +1006,26 @@ mod tests {
         let mut want_sorted = want.clone();
         want_sorted.sort();
         assert_eq!(ids_sorted, want_sorted);
+    }
+
+    #[test]
+    fn the_reload_notes_name_every_kind_of_change() {
+        let t0 = Instant::now();
+        let p1 = pool(A);
+        let first = run(&State::default(), &p1, t0);
+        let p2 = pool(
+            &A.replace("{name: web, vip: 10.0.0.100, port: 80, slots: 1009,", "{name: web, vip: 10.0.0.100, port: 80, slots: 1009, algorithm: maglev, hash: flow, conntrack: off, forward: ipip,")
+                .replace("{name: alt, vip: 10.0.0.100, port: 60, slots: 1009,", "{name: alt, vip: 10.0.0.100, port: 60, slots: 2003, vnodes_per_weight: 10,"),
+        );
+        let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
+        let web = second.touched.iter().find(|t| t.name == "web").expect("web touched");
+        for note in ["ring -> maglev", "hash client-ip -> flow", "conntrack on -> off", "forward l2 -> ipip"] {
+            assert!(web.notes.iter().any(|n| n == note), "{note} missing from {:?}", web.notes);
+        }
+        let alt = second.touched.iter().find(|t| t.name == "alt").expect("alt touched");
+        for note in ["slots 1009 -> 2003", "vnodes_per_weight 150 -> 10"] {
+            assert!(alt.notes.iter().any(|n| n == note), "{note} missing from {:?}", alt.notes);
+        }
     }
 
     #[test]

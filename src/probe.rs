@@ -26,7 +26,7 @@ pub struct Job {
 
 pub struct Prober {
     jobs: Sender<Job>,
-    results: Receiver<(Key, Result<(), String>)>,
+    results: Receiver<(Key, Result<(), String>, Duration)>,
     wake_read: OwnedFd,
     in_flight: HashSet<Key>,
 }
@@ -56,8 +56,9 @@ impl Prober {
                     },
                     Err(_) => return,
                 };
+                let started = Instant::now();
                 let r = probe(job.addr, &job.check);
-                if result_tx.send((job.key, r)).is_err() {
+                if result_tx.send((job.key, r, started.elapsed())).is_err() {
                     return;
                 }
                 let _ = nix::unistd::write(&*wake_write, &[1]);
@@ -73,12 +74,12 @@ impl Prober {
         }
     }
 
-    /// Every result that arrived.
-    pub fn drain(&mut self) -> Vec<(Key, Result<(), String>)> {
+    /// Every result that arrived, with how long its probe took.
+    pub fn drain(&mut self) -> Vec<(Key, Result<(), String>, Duration)> {
         let mut buf = [0u8; 256];
         while matches!(nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&self.wake_read), &mut buf), Ok(n) if n > 0) {}
         let out: Vec<_> = self.results.try_iter().collect();
-        for (k, _) in &out {
+        for (k, _, _) in &out {
             self.in_flight.remove(k);
         }
         out
@@ -216,7 +217,7 @@ mod tests {
         }
         got.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(got.len(), 3);
-        assert!(got.iter().all(|(_, r)| r.is_ok()));
+        assert!(got.iter().all(|(_, r, _)| r.is_ok()));
         std::thread::sleep(Duration::from_millis(100));
         assert!(p.drain().is_empty(), "the duplicate was not run");
     }

@@ -1016,6 +1016,72 @@ fn state_highest(live: &plan::LiveMaps) -> u32 {
     live.backends.iter().map(|b| b.0).max().unwrap_or(0)
 }
 
+/// The counter maps of a running data plane, opened again for another thread (the metrics
+/// server reads them at scrape time without touching the serve loop's state).
+#[derive(Debug)]
+pub struct CounterMaps {
+    stats: libbpf_rs::MapHandle,
+    traffic: libbpf_rs::MapHandle,
+    flows: libbpf_rs::MapHandle,
+}
+
+impl Dataplane {
+    pub fn counter_maps(&self) -> Result<CounterMaps> {
+        let m = &self.skel.maps;
+        Ok(CounterMaps {
+            stats: libbpf_rs::MapHandle::try_from(&m.stats)?,
+            traffic: libbpf_rs::MapHandle::try_from(&m.backend_traffic)?,
+            flows: libbpf_rs::MapHandle::try_from(&m.flows)?,
+        })
+    }
+}
+
+impl CounterMaps {
+    /// Every counter, for the services and backends of `model` (by backend id).
+    pub fn snapshot(&self, model: &crate::metrics::Model) -> Result<Snapshot> {
+        use types::lb_stat as S;
+        let mut snap = Snapshot {
+            forwarded: 0,
+            passed: percpu_sum(&self.stats, S::LB_STAT_PASSED.0)?,
+            drops: Vec::with_capacity(8),
+            conntrack: Vec::with_capacity(4),
+            icmp_forwarded: percpu_sum(&self.stats, S::LB_ICMP_FORWARDED.0)?,
+            services: Vec::with_capacity(model.services.len()),
+        };
+        for (name, stat) in drop_counters() {
+            snap.drops.push((name, percpu_sum(&self.stats, stat.0)?));
+        }
+        for (name, stat) in ct_counters() {
+            snap.conntrack.push((name, percpu_sum(&self.stats, stat.0)?));
+        }
+        for s in &model.services {
+            let mut backends = Vec::with_capacity(s.backends.len());
+            let mut total = Traffic::default();
+            for b in &s.backends {
+                let t = traffic_of(&self.traffic, b.id)?;
+                total.packets += t.packets;
+                total.bytes += t.bytes;
+                backends.push(BackendCounters {
+                    label: b.identity.clone(),
+                    address: b.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
+                    weight: b.weight,
+                    mac_known: b.mac_known,
+                    health: None,
+                    traffic: t,
+                });
+            }
+            snap.forwarded += total.packets;
+            snap.services.push(ServiceCounters { name: s.name.clone(), endpoint: format!("{}:{}/{}", s.vip, s.port, s.protocol), traffic: total, backends });
+        }
+        Ok(snap)
+    }
+
+    /// Entries in the flow table, counted by walking it in batches.
+    pub fn flow_entries(&self) -> Result<u64> {
+        Ok(self.flows.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)?.count() as u64)
+    }
+}
+
 /// The maps of a data plane by pin name: this process's own, or a pinned one's.
 pub trait MapSource {
     fn map(&self, name: &str) -> Result<&dyn MapCore>;

@@ -1,0 +1,203 @@
+//! `lb attach --metrics ADDR:PORT`: Prometheus metrics at `/metrics` and a status page at `/`,
+//! served from a thread of their own. A scrape reads the per-CPU counters from the data plane's
+//! maps at that moment (through descriptors of its own) and the model the serve loop publishes
+//! after every change; it never waits on the serve loop, and the packet path pays nothing.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use lb::dataplane::CounterMaps;
+use lb::metrics::{encode_plane, rates, status_page, Model};
+use lb::stats::Snapshot;
+
+/// How often the status page's traffic rates are sampled.
+const SAMPLE: Duration = Duration::from_secs(2);
+/// How often the flow table's entries are counted (a walk of the whole table).
+const FLOW_COUNT_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum ReloadResult {
+    Applied,
+    Refused,
+    Unchanged,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: ReloadResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    service: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: String,
+}
+
+/// The serve loop's handle: what it reports as it goes.
+#[derive(Clone)]
+pub struct Metrics {
+    model: Arc<Mutex<Model>>,
+    reloads: Family<ReloadLabels, Counter>,
+    last_reload: Gauge<f64, std::sync::atomic::AtomicU64>,
+    last_reload_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    reload_apply: Histogram,
+    probes: Family<ProbeLabels, Counter>,
+    probe_latency: Family<ServiceLabel, Histogram>,
+}
+
+impl Metrics {
+    pub fn publish(&self, model: Model) {
+        if let Ok(mut m) = self.model.lock() {
+            *m = model;
+        }
+    }
+
+    /// A reload's outcome; `apply` is how long applying took, for an applied one.
+    pub fn reload(&self, result: ReloadResult, apply: Option<Duration>) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+        if let Some(d) = apply {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            self.last_reload.set(now);
+            self.last_reload_seconds.set(d.as_secs_f64());
+            self.reload_apply.observe(d.as_secs_f64());
+        }
+    }
+
+    pub fn probe(&self, service: &str, ok: bool, latency: Duration) {
+        let outcome = if ok { "success" } else { "failure" };
+        self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
+        self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(latency.as_secs_f64());
+    }
+}
+
+/// The data plane's part of a scrape, encoded by lb::metrics.
+#[derive(Debug)]
+struct Plane {
+    maps: CounterMaps,
+    model: Arc<Mutex<Model>>,
+    flows: Mutex<(Option<Instant>, Option<u64>)>,
+}
+
+impl Plane {
+    fn model(&self) -> Model {
+        self.model.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    fn flow_entries(&self) -> Option<u64> {
+        let mut f = self.flows.lock().ok()?;
+        if f.0.is_none_or(|t| t.elapsed() >= FLOW_COUNT_EVERY) {
+            *f = (Some(Instant::now()), self.maps.flow_entries().ok());
+        }
+        f.1
+    }
+}
+
+impl prometheus_client::collector::Collector for Plane {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let model = self.model();
+        let snap = self.maps.snapshot(&model).map_err(|_| std::fmt::Error)?;
+        encode_plane(&mut encoder, &model, &snap, self.flow_entries())
+    }
+}
+
+/// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
+pub fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metrics> {
+    let server = tiny_http::Server::http(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
+    let model = Arc::new(Mutex::new(model));
+    let m = Metrics {
+        model: model.clone(),
+        reloads: Family::default(),
+        last_reload: Gauge::default(),
+        last_reload_seconds: Gauge::default(),
+        reload_apply: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+        probes: Family::default(),
+        probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
+    };
+    let mut registry = Registry::default();
+    registry.register("lb_reloads", "Reloads of the pool file by result", m.reloads.clone());
+    registry.register("lb_last_reload_timestamp_seconds", "When the last reload was applied (Unix time)", m.last_reload.clone());
+    registry.register("lb_last_reload_duration_seconds", "How long applying the last reload took", m.last_reload_seconds.clone());
+    registry.register("lb_reload_apply_seconds", "Time to apply a reload (tables built, planned, written)", m.reload_apply.clone());
+    registry.register("lb_health_probes", "Health probes by service and outcome", m.probes.clone());
+    registry.register("lb_health_probe_duration_seconds", "Health probe latency by service", m.probe_latency.clone());
+    let plane = Arc::new(Plane { maps, model, flows: Mutex::new((None, None)) });
+    registry.register_collector(Box::new(plane.clone()));
+    std::thread::Builder::new()
+        .name("lb-metrics".to_string())
+        .spawn(move || serve(server, registry, plane))
+        .context("starting the metrics thread")?;
+    Ok(m)
+}
+
+/// A counter snapshot and when it was taken.
+type Sample = Option<(Instant, Snapshot)>;
+
+fn serve(server: tiny_http::Server, registry: Registry, plane: Arc<Plane>) {
+    // The last two samples: the page's rates are over the interval between them.
+    let mut samples: (Sample, Sample) = (None, None);
+    let mut next_sample = Instant::now();
+    loop {
+        if Instant::now() >= next_sample {
+            next_sample = Instant::now() + SAMPLE;
+            if let Ok(s) = plane.maps.snapshot(&plane.model()) {
+                samples = (samples.1.take(), Some((Instant::now(), s)));
+            }
+        }
+        let req = match server.recv_timeout(Duration::from_millis(500)) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(_) => return,
+        };
+        let response = match (req.method(), req.url().split('?').next().unwrap_or("")) {
+            (tiny_http::Method::Get, "/metrics") => {
+                let open = req.headers().iter().any(|h| h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text"));
+                let mut body = String::new();
+                let (encoded, ctype) = if open {
+                    (prometheus_client::encoding::text::encode(&mut body, &registry), "application/openmetrics-text; version=1.0.0; charset=utf-8")
+                } else {
+                    (prometheus_client::encoding::prometheus_text::encode(&mut body, &registry), "text/plain; version=0.0.4; charset=utf-8")
+                };
+                match encoded {
+                    Ok(()) => text(body, 200, ctype),
+                    Err(_) => text("reading the counters failed\n".to_string(), 500, "text/plain; charset=utf-8"),
+                }
+            }
+            (tiny_http::Method::Get, "/") => {
+                let model = plane.model();
+                let page = match (&samples.0, &samples.1) {
+                    (Some((t0, a)), Some((t1, b))) => {
+                        let secs = (*t1 - *t0).as_secs_f64();
+                        status_page(&model, b, &rates(a, b, secs), secs)
+                    }
+                    (_, Some((_, b))) => status_page(&model, b, &[], 0.0),
+                    _ => status_page(&model, &Snapshot::default(), &[], 0.0),
+                };
+                text(page, 200, "text/html; charset=utf-8")
+            }
+            _ => text("not found\n".to_string(), 404, "text/plain; charset=utf-8"),
+        };
+        let _ = req.respond(response);
+    }
+}
+
+fn text(body: String, status: u16, ctype: &str) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    let mut r = tiny_http::Response::from_string(body).with_status_code(status);
+    if let Ok(h) = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()) {
+        r = r.with_header(h);
+    }
+    r
+}
