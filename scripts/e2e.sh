@@ -644,7 +644,7 @@ churn_start() {
     (
         r=0
         while [ ! -f "$WORK/stop" ]; do
-            ip netns exec "$PREFIX-client" "$E2E" probe --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" \
+            ip netns exec "$PREFIX-client" "$E2E" probe --vip 10.99.0.100 --port 80 --sources "${CHURN_SOURCES:-$TOPO_CLIENTS4}" \
                 --first-port $((30000 + (r % 20) * 100)) --count 100 --timeout-ms 1000 >"$WORK/churn.$r" 2>/dev/null
             grep FAIL "$WORK/churn.$r" >>"$WORK/churn.failed" || true
             r=$((r + 1))
@@ -835,6 +835,193 @@ EOF
     say "Chromium: 5 services, b2 down, names escaped; screenshot target/artifacts/status-page-$1.png"
 }
 
+# ---- a fleet: two lb nodes announced by BGP (BIRD), ECMP on the router ----
+
+fleet_pool() { # FILE BACKENDS
+    local list="" i
+    for i in $2; do list+="${list:+, }{address: 10.96.0.$((10 + i)), name: b$i}"; done
+    printf 'services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    hash: flow\n    forward: %s\n    backends: [%s]\n' \
+        "${FLEET_FORWARD:-l2}" "$list" >"$1.tmp"
+    mv "$1.tmp" "$1"
+}
+
+# BIRD in namespace NS with CONF; its pid in $WORK/bird-NAME.pid.
+bird_start() { # NAME NS CONF
+    ip netns exec "$2" bird -f -c "$3" -s "$WORK/bird-$1.ctl" -P "$WORK/bird-$1.pid" >"$WORK/bird-$1.log" 2>&1 &
+    echo $! >"$WORK/bird-$1.pid.shell"
+    echo $! >>"/tmp/$PREFIX.pids"
+}
+
+bird_stop() { # NAME
+    kill "$(cat "$WORK/bird-$1.pid.shell")" 2>/dev/null || true
+}
+
+# How many next hops the router has for the VIP.
+vip_nexthops() {
+    local r
+    r=$(ip -n "$PREFIX-router" route show 10.99.0.100 2>/dev/null)
+    if grep -q nexthop <<<"$r"; then grep -c nexthop <<<"$r"; elif [ -n "$r" ]; then echo 1; else echo 0; fi
+}
+
+# Waits until the router has N next hops for the VIP; prints the milliseconds it took.
+wait_nexthops() { # N TIMEOUT_S
+    local t0 now
+    t0=$(date +%s%N)
+    while [ "$(vip_nexthops)" != "$1" ]; do
+        now=$(date +%s%N)
+        [ $(((now - t0) / 1000000)) -lt $(($2 * 1000)) ] || { ip -n "$PREFIX-router" route show >&2; return 1; }
+        sleep 0.05
+    done
+    echo $((($(date +%s%N) - t0) / 1000000))
+}
+
+fleet_forwarded() { # NODE: what lb status says the node forwarded
+    ip netns exec "$PREFIX-$1" "$LB" status eth0 --json --pin-dir "$PINS" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["forwarded"])'
+}
+
+start_node() { # NODE MODE
+    ip netns exec "$PREFIX-$1" "$LB" attach eth0 --config "$WORK/pool-$1.yaml" --xdp-mode "$2" --pin --pin-dir "$PINS" \
+        --announce ifb0 --reload-delay 0.05 >"$WORK/stats-$1.out" 2>>"$WORK/lb-$1.log" &
+    echo $! >"$WORK/lb-$1.pid"
+    local n
+    for _ in $(seq 1 100); do
+        n=$(grep -c "serving;" "$WORK/lb-$1.log" || true)
+        [ "${n:-0}" -ge "${3:-1}" ] && return 0
+        sleep 0.05
+    done
+    cat "$WORK/lb-$1.log" >&2
+    fail "lb on $1 did not start"
+}
+
+fleet_teardown() {
+    local n
+    for n in na nb; do
+        [ -f "$WORK/lb-$n.pid" ] && kill -9 "$(cat "$WORK/lb-$n.pid")" 2>/dev/null || true
+        ip netns exec "$PREFIX-$n" "$LB" detach eth0 --pin-dir "$PINS" >/dev/null 2>&1 || true
+    done
+    umount "$PINS" 2>/dev/null || true
+    rmdir "$PINS" 2>/dev/null || true
+    teardown
+    if [ "$V" = 1 ]; then for f in "$WORK"/lb-n*.log "$WORK"/bird-*.log; do [ -f "$f" ] && sed "s|^|    $(basename "$f"): |" "$f"; done; fi
+}
+
+# Long-lived connections through the router: HOLD's pid once all are open.
+fleet_hold() { # CONNECTIONS SECONDS LOG [HOLD ARGS]
+    local n=$1 secs=$2 log=$3
+    shift 3
+    rm -f "$WORK/ready"
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" \
+        --connections "$n" --seconds "$secs" --ready-file "$WORK/ready" "$@" 2>"$log" &
+    HOLD=$!
+    for _ in $(seq 1 200); do [ -f "$WORK/ready" ] && break; sleep 0.05; done
+    [ -f "$WORK/ready" ] || { cat "$log" >&2; fail "connections did not open"; }
+}
+
+test_fleet_two_nodes_behind_ecmp_lose_no_connection() { # MODE [FORWARD]
+    FLEET_FORWARD=${2:-l2}
+    PREFIX="lbf$$${RANDOM}"
+    WORK=$(mktemp -d /tmp/lb-e2e.XXXXXX)
+    PINS="/run/$PREFIX-bpf"
+    trap fleet_teardown EXIT
+    trap 'exit 124' TERM INT
+    command -v bird >/dev/null || fail "bird is not installed (scripts/setup.sh installs bird2)"
+    topo_fleet_up "$PREFIX" "$1" || fail "fleet topology"
+    mkdir -p "$PINS"
+    mount -t bpf bpf "$PINS"
+    if [ "$FLEET_FORWARD" != l2 ]; then
+        # Encapsulated to the backends, which take the outer header off with lb decap.
+        local i
+        for i in 1 2 3; do
+            ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --xdp-mode "$1" >/dev/null 2>"$WORK/decap$i.log" &
+            echo $! >>"/tmp/$PREFIX.pids"
+        done
+        for i in 1 2 3; do
+            for _ in $(seq 1 50); do grep -q serving "$WORK/decap$i.log" && break; sleep 0.1; done
+        done
+    fi
+    fleet_pool "$WORK/pool-na.yaml" "1 2 3"
+    fleet_pool "$WORK/pool-nb.yaml" "1 2 3"
+    # Both nodes compute the same table: lb table's digest says so before anything runs.
+    [ "$("$LB" table --config "$WORK/pool-na.yaml" --json | grep -o '"digest":"[0-9a-f]*"')" = \
+      "$("$LB" table --config "$WORK/pool-nb.yaml" --json | grep -o '"digest":"[0-9a-f]*"')" ] || fail "the nodes' tables differ"
+    start_node na "$1"
+    start_node nb "$1"
+    sed -e 's/@ROUTER@/10.96.0.1/g' -e 's/@NODE_A@/10.96.0.2/g' -e 's/@NODE_B@/10.96.0.3/g' configs/bird/router.conf >"$WORK/router.conf"
+    sed -e 's/@ROUTER@/10.96.0.1/g' -e 's/@NODE@/10.96.0.2/g' -e 's/@DEV@/ifb0/g' configs/bird/node.conf >"$WORK/na.conf"
+    sed -e 's/@ROUTER@/10.96.0.1/g' -e 's/@NODE@/10.96.0.3/g' -e 's/@DEV@/ifb0/g' configs/bird/node.conf >"$WORK/nb.conf"
+    bird_start router "$PREFIX-router" "$WORK/router.conf"
+    bird_start na "$PREFIX-na" "$WORK/na.conf"
+    bird_start nb "$PREFIX-nb" "$WORK/nb.conf"
+    local took
+    took=$(wait_nexthops 2 30) || { cat "$WORK"/bird-*.log >&2; fail "the router never learned both nodes"; }
+    ip -n "$PREFIX-router" route show 10.99.0.100 | grep -q "proto bird" || fail "the VIP route is not BGP's"
+    # Both nodes serve the same live table: lb status's digest.
+    local da db
+    da=$(ip netns exec "$PREFIX-na" "$LB" status eth0 --json --pin-dir "$PINS" | grep -o '"digest":"[0-9a-f]*"')
+    db=$(ip netns exec "$PREFIX-nb" "$LB" status eth0 --json --pin-dir "$PINS" | grep -o '"digest":"[0-9a-f]*"')
+    [ "$da" = "$db" ] && [ -n "$da" ] || fail "live tables differ: $da / $db"
+    [ "$da" = "$("$LB" table --config "$WORK/pool-na.yaml" --json | grep -o '"digest":"[0-9a-f]*"')" ] || fail "the live table is not the file's"
+    say "(1) forward $FLEET_FORWARD: the router learned the VIP from both nodes by BGP in ${took} ms (2 next hops); both serve table ${da#*:}"
+
+    # (1) New connections from many clients reach both nodes and land where the table says.
+    probe "$WORK/flows" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 200 || fail "connections"
+    "$E2E" check --config "$WORK/pool-na.yaml" --service web "$WORK/flows" >"$WORK/check.out" || { cat "$WORK/check.out" >&2; fail "check"; }
+    local fa fb
+    fa=$(fleet_forwarded na)
+    fb=$(fleet_forwarded nb)
+    [ "$fa" -gt 0 ] && [ "$fb" -gt 0 ] || fail "ECMP used one node only (forwarded $fa and $fb)"
+    say "    1000 connections on their predicted backends; node A forwarded $fa packets, node B $fb"
+
+    # (2) 200 long-lived connections; node A withdraws (its BIRD stops).
+    fleet_hold 200 10 "$WORK/hold1.log"
+    local h=$HOLD
+    CHURN_SOURCES=$TOPO_RCLIENTS4
+    churn_start
+    sleep 0.5
+    bird_stop na
+    took=$(wait_nexthops 1 15) || fail "the router did not converge to node B"
+    cp "$WORK/churn.failed" "$WORK/churn.during" 2>/dev/null || true
+    local during
+    during=$(grep -c . "$WORK/churn.during" 2>/dev/null || true)
+    probe "$WORK/after-a" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "new connections failed after convergence"
+    say "(2) node A withdrew: the router converged to node B in ${took} ms; ${during:-0} new connections failed while it did, 0 after"
+
+    # (3) A comes back.
+    bird_start na "$PREFIX-na" "$WORK/na.conf"
+    took=$(wait_nexthops 2 30) || fail "node A did not come back"
+    sleep 1
+    wait "$h" || { cat "$WORK/hold1.log" >&2; fail "a long-lived connection broke during the failover"; }
+    churn_stop || fail "new connections: $CHURN_SUMMARY"
+    say "(3) node A back in ${took} ms; $(tail -1 "$WORK/hold1.log" | sed 's/^hold: //'); $CHURN_SUMMARY"
+
+    # (4) A rolling pool change: b2 removed on A, then on B a few seconds later. No flow of
+    # another backend breaks or moves at any point.
+    probe "$WORK/before" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "before the rolling change"
+    fleet_hold 200 12 "$WORK/hold2.log" --allow-broken-on b2
+    h=$HOLD
+    fleet_pool "$WORK/pool-na.yaml" "1 3"
+    for _ in $(seq 1 100); do grep -q "web changed (b2 removed" "$WORK/lb-na.log" && break; sleep 0.05; done
+    grep -q "web changed (b2 removed" "$WORK/lb-na.log" || fail "node A did not reload"
+    probe "$WORK/mixed" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || true
+    "$E2E" compare "$WORK/before" "$WORK/mixed" --removed b2 --transition >"$WORK/cmp-mixed" \
+        || { cat "$WORK/cmp-mixed" >&2; fail "with the nodes on different pools, a flow not on b2 failed or moved"; }
+    sleep 2
+    fleet_pool "$WORK/pool-nb.yaml" "1 3"
+    for _ in $(seq 1 100); do grep -q "web changed (b2 removed" "$WORK/lb-nb.log" && break; sleep 0.05; done
+    probe "$WORK/after" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "after the rolling change"
+    "$E2E" compare "$WORK/before" "$WORK/after" --removed b2 >"$WORK/cmp-after" || { cat "$WORK/cmp-after" >&2; fail "a flow not on b2 moved"; }
+    say "(4) rolling change (b2 out on A, then on B 2 s later): $(grep -o '[0-9]* flows compared.*' "$WORK/cmp-after" | head -1)"
+
+    # (5) kill -9 node A's lb: its pinned data plane keeps forwarding and its route stays.
+    kill -9 "$(cat "$WORK/lb-na.pid")"
+    sleep 0.5
+    [ "$(vip_nexthops)" = 2 ] || fail "node A's route went with its controller"
+    probe "$WORK/after-kill" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "connections after kill -9"
+    "$E2E" check --config "$WORK/pool-na.yaml" --service web "$WORK/after-kill" >"$WORK/check2.out" || { cat "$WORK/check2.out" >&2; fail "check after kill -9"; }
+    wait "$h" || { cat "$WORK/hold2.log" >&2; fail "a long-lived connection of another backend broke"; }
+    say "(5) kill -9 of node A's lb: route kept, 500 new connections on their backends; $(tail -1 "$WORK/hold2.log" | sed 's/^hold: //')"
+}
+
 # ---- runner ----
 
 TESTS=(
@@ -871,6 +1058,9 @@ TESTS=(
     "test_pin_restart_kill_and_upgrade_lose_no_connection native"
     "test_pin_restart_kill_and_upgrade_lose_no_connection generic"
     "test_metrics_prometheus_and_the_status_page native"
+    "test_fleet_two_nodes_behind_ecmp_lose_no_connection native"
+    "test_fleet_two_nodes_behind_ecmp_lose_no_connection generic"
+    "test_fleet_two_nodes_behind_ecmp_lose_no_connection native ipip"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"

@@ -17,9 +17,9 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The monitoring test's real Prometheus (and promtool) and headless browser, without the
-# recommended packages (with them, about 165 more).
-extras=(prometheus chromium curl)
+# The monitoring test's real Prometheus (and promtool) and headless browser, and the fleet
+# test's BIRD, without the recommended packages (with them, about 165 more).
+extras=(prometheus chromium curl bird2)
 missing=()
 for p in "${extras[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

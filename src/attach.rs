@@ -66,6 +66,13 @@ pub struct Plan {
     pub pin: Option<PathBuf>,
     /// `--metrics`: where to serve /metrics and the status page.
     pub metrics: Option<SocketAddr>,
+    /// `--announce`: the interface that holds the VIPs as host addresses, for BGP.
+    pub announce: Option<String>,
+}
+
+/// The VIPs of a pool.
+fn vips_of(pool: &Pool) -> std::collections::BTreeSet<IpAddr> {
+    pool.services.iter().map(|s| s.vip).collect()
 }
 
 /// Outer sources of encapsulated packets, per family.
@@ -169,12 +176,16 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     }
     let mut nl = netlink::Socket::open().context("opening a netlink socket")?;
     let text = String::from_utf8_lossy(content);
-    let (problems, via) = next_hops(&plan.config, &text, &pool, &ifc, &mut nl, &[]);
+    let (problems, via) = next_hops(&plan.config, &text, &pool, &ifc, &mut nl, &[], plan.announce.as_deref());
     if !problems.is_empty() {
         let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
         bail!("{} cannot serve this pool; nothing was attached:\n{}", ifc.name, lines.join("\n"));
     }
     let sources = encap_sources(&plan, &ifc, &pool).map_err(|e| anyhow::anyhow!("{e}; nothing was attached"))?;
+    let mut announcer = match &plan.announce {
+        Some(dev) => Some(crate::announce::Announcer::open(&mut nl, dev, &ifc.name)?),
+        None => None,
+    };
     if !ifc.up {
         log(format!("warning: {} is down; lb attaches anyway and serves once it is up", ifc.name));
     }
@@ -273,6 +284,14 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
             ));
         }
     }
+    // Announced only now: the program is attached and serving every VIP.
+    if let Some(a) = announcer.as_mut() {
+        a.sync(&mut nl, &vips_of(&pool))?;
+        if pinning.is_some() {
+            // For `lb detach`, which withdraws them, whoever runs it.
+            dp.set_announce_ifindex(a.ifindex)?;
+        }
+    }
     log(format!(
         "serving; watching {} for changes (SIGHUP reloads too); Ctrl-C or SIGTERM {}",
         plan.config.display(),
@@ -300,6 +319,7 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         health: HealthMap::new(),
         prober: Prober::new(PROBE_WORKERS)?,
         metrics,
+        announcer,
         xdp_mode: match &xdp {
             Attachment::Link(l) => l.mode.as_str().to_string(),
             Attachment::Pinned(_) => "adopted".to_string(),
@@ -309,12 +329,19 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         failing_open: Vec::new(),
     };
     let stop = server.serve()?;
+    let mut announcer = server.announcer.take();
+    if let (Some(a), None) = (announcer.as_mut(), &pinning) {
+        // Withdrawn before the program goes: a VIP left local with nothing in front of it
+        // would have this host answer its connections with resets.
+        a.withdraw_all(&mut nl)?;
+    }
     drop(xdp);
     let snap = dp.snapshot()?;
     let drops: Vec<String> = snap.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
     let what = match &pinning {
         Some(p) => {
             dp.write_meta(attached_ms_of(&p.dir), None, ifc.ifindex)?;
+            dp.set_announce_ifindex(announcer.as_ref().map_or(0, |a| a.ifindex))?;
             format!(
                 "left the data plane on {} attached and pinned at {}; it forwards with its current tables, and health \
                  checks and reloads wait for the next `lb attach --pin`",
@@ -454,6 +481,7 @@ fn next_hops(
     ifc: &Interface,
     nl: &mut netlink::Socket,
     known_vips: &[IpAddr],
+    announce: Option<&str>,
 ) -> (Vec<config::ConfigError>, HashMap<IpAddr, IpAddr>) {
     let name_of = |idx: u32| nix::net::if_::if_indextoname(idx).map_or(format!("ifindex {idx}"), |n| n.to_string_lossy().into_owned());
     let mut problems = Vec::new();
@@ -466,7 +494,8 @@ fn next_hops(
             problems.push(config::field_error(file, text, &vip_field, format!("{} is IPv6, but IPv6 is disabled on {}", s.vip, ifc.name)));
         }
         match link::owner_of(s.vip) {
-            Some(owner) if owner != ifc.name && owner != "lo" => problems.push(config::field_error(
+            // A VIP held by the --announce device is this lb's own announcement.
+            Some(owner) if owner != ifc.name && owner != "lo" && Some(owner.as_str()) != announce => problems.push(config::field_error(
                 file,
                 text,
                 &vip_field,
@@ -696,6 +725,7 @@ struct Server<'a> {
     /// Services whose every backend is down, served as if all were up.
     failing_open: Vec<String>,
     metrics: Option<crate::serve_metrics::Metrics>,
+    announcer: Option<crate::announce::Announcer>,
     xdp_mode: String,
 }
 
@@ -972,7 +1002,7 @@ impl Server<'_> {
             }
         };
         let text = String::from_utf8_lossy(&bytes);
-        let (problems, via) = next_hops(path, &text, &pool, self.ifc, self.nl, &self.vips);
+        let (problems, via) = next_hops(path, &text, &pool, self.ifc, self.nl, &self.vips, self.plan.announce.as_deref());
         if !problems.is_empty() {
             log(format!("reload refused ({why}): {} cannot serve the new pool; the current tables keep serving:", self.ifc.name));
             for p in problems {
@@ -1012,8 +1042,16 @@ impl Server<'_> {
         self.next_probe.retain(|k, _| {
             pool.service(&k.0).is_some_and(|s| s.health_check.is_some() && s.backends.iter().any(|b| b.identity() == k.1))
         });
+        // VIPs the new pool drops are withdrawn before their services go.
+        if let Some(a) = self.announcer.as_mut() {
+            let keep: std::collections::BTreeSet<IpAddr> = vips_of(&pool).intersection(&self.vips.iter().copied().collect()).copied().collect();
+            a.sync(self.nl, &keep)?;
+        }
         match self.install_effective("reload") {
             Ok(Some(applied)) => {
+                if let Some(a) = self.announcer.as_mut() {
+                    a.sync(self.nl, &vips_of(&pool))?;
+                }
                 let done = Instant::now();
                 self.count_reload(crate::serve_metrics::ReloadResult::Applied, Some(done - applying));
                 log(format!(

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use lb::config::{self, Pool, Service};
 use lb::{diff, report, table};
 
+mod announce;
 mod attach;
 mod decap;
 mod persist;
@@ -102,6 +103,11 @@ enum Command {
         /// loopback address is recommended: there is no authentication).
         #[arg(long, value_name = "ADDR:PORT")]
         metrics: Option<std::net::SocketAddr>,
+        /// Keep every VIP as a host address on DEV (created as a dummy device if missing and
+        /// the kernel has them), for a routing daemon to announce by BGP; withdrawn before the
+        /// program goes.
+        #[arg(long, value_name = "DEV")]
+        announce: Option<String>,
     },
     /// Remove a pinned data plane: detach its program from IFACE and remove its pins.
     Detach {
@@ -221,6 +227,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             pin,
             pin_dir,
             metrics,
+            announce,
         } => {
             drop(out);
             let v4 = encap_source.iter().filter(|a| a.0.is_ipv4()).count();
@@ -250,6 +257,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 encap_sources: encap_source,
                 pin: pin.then_some(pin_dir),
                 metrics,
+                announce,
             };
             return attach::run(plan, pool, &content);
         }

@@ -105,12 +105,28 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     };
     let link = pin::open_pinned(&dir.join(pin::LINK))?;
     let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
+    // The VIPs go before the program: left local with nothing in front, they would be answered
+    // with resets.
+    let mut withdrawn = Vec::new();
+    if let Ok(maps) = PinnedMaps::open(&dir) {
+        if let (Some(dev), Ok(st)) = (maps.announce_ifindex()?, maps.status()) {
+            let mut nl = lb::dataplane::netlink::Socket::open()?;
+            let vips: std::collections::BTreeSet<std::net::IpAddr> = st.services.iter().map(|s| s.vip).collect();
+            for v in vips {
+                nl.addr_del(dev, v)?;
+                withdrawn.push(v.to_string());
+            }
+        }
+    }
     if ifindex != 0 {
         pin::link_detach(&link)?;
     }
     drop(link);
     let removed = pin::remove_all(&dir)?;
     let mut out = std::io::stdout().lock();
+    if !withdrawn.is_empty() {
+        writeln!(out, "withdrew the VIPs {}", withdrawn.join(" "))?;
+    }
     writeln!(
         out,
         "detached XDP program {prog_id} (link {link_id}) from {iface}; removed {} pins from {}: {}",

@@ -88,6 +88,8 @@ pub fn table_text(s: &Service, table: &Table) -> String {
     if empty > 0 {
         let _ = writeln!(out, "  empty slots: {empty} of {}", table.len());
     }
+    let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
+    let _ = writeln!(out, "  digest: {:016x}", crate::table::digest(table, &ids));
     out
 }
 
@@ -132,6 +134,8 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
     if s.algorithm == Algorithm::Bounded {
         v["load_bound"] = json!(s.load_bound as f64 / 1000.0);
     }
+    let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
+    v["digest"] = json!(format!("{:016x}", crate::table::digest(table, &ids)));
     v
 }
 

@@ -144,11 +144,14 @@ pub struct PlaneStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceStatus {
     pub name: String,
+    pub vip: std::net::IpAddr,
     pub endpoint: String,
     pub hash: &'static str,
     pub forward: &'static str,
     pub conntrack: bool,
     pub slots: u32,
+    /// The live table's fingerprint (table::digest_of_hashes), as `lb table` prints it.
+    pub digest: u64,
     pub traffic: Traffic,
     pub backends: Vec<BackendStatus>,
 }
@@ -184,6 +187,7 @@ impl PlaneStatus {
                 "forward": s.forward,
                 "conntrack": s.conntrack,
                 "slots": s.slots,
+                "digest": format!("{:016x}", s.digest),
                 "packets": s.traffic.packets,
                 "bytes": s.traffic.bytes,
                 "backends": s.backends.iter().map(|b| json!({
@@ -212,10 +216,11 @@ impl PlaneStatus {
         for s in &self.services {
             let _ = writeln!(
                 out,
-                "service {} {}: {} slots, hash {}, forward {}, conntrack {}: packets {}, bytes {}",
+                "service {} {}: {} slots (digest {:016x}), hash {}, forward {}, conntrack {}: packets {}, bytes {}",
                 s.name,
                 s.endpoint,
                 s.slots,
+                s.digest,
                 s.hash,
                 s.forward,
                 if s.conntrack { "on" } else { "off" },

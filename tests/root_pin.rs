@@ -336,3 +336,42 @@ fn root_pins_that_are_not_what_they_should_be_give_clear_errors_or_clean_recover
     let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
     assert!(out.status.success());
 }
+
+#[test]
+fn root_announce_holds_the_vips_while_serving_and_withdraws_them_first() {
+    let (p, dir, pins) = env();
+    p.lb.ip(&["link", "add", "vips0", "type", "ifb"]);
+    let config = write_config(&dir, "pool.yaml", &pool_text(&[(80, "ring", &[21, 22])]));
+    let cfg = config.to_str().expect("utf-8");
+    let holds = |p: &Pair| p.lb.ip(&["addr", "show", "dev", "vips0"]).contains("10.77.0.100/32");
+
+    // Refused: the attached interface itself.
+    let out = lb_run(&p.lb, &["attach", "lbv0", "--config", cfg, "--announce", "lbv0"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("another interface than the one lb attaches to"));
+
+    // Without --pin: held while serving, withdrawn on exit.
+    let mut lb = Running::start(&p.lb, &["attach", "lbv0", "--config", cfg, "--announce", "vips0", "--xdp-mode", "generic", "--reload-delay", "0.01"]);
+    lb.wait_for("announce: 10.77.0.100 on vips0", SECS);
+    lb.wait_for("serving", SECS);
+    assert!(holds(&p));
+    // A reload that moves the service to another VIP withdraws the old one, announces the new.
+    std::fs::write(&config, pool_text(&[(80, "ring", &[21, 22])]).replace("10.77.0.100", "10.77.0.101")).expect("write");
+    lb.wait_for("withdraw: 10.77.0.100 from vips0", SECS);
+    lb.wait_for("announce: 10.77.0.101 on vips0", SECS);
+    lb.signal(Signal::SIGTERM);
+    assert!(lb.wait_exit(SECS).success());
+    let addrs = p.lb.ip(&["addr", "show", "dev", "vips0"]);
+    assert!(!addrs.contains("10.77.0.10"), "VIPs left after exit: {addrs}");
+
+    // With --pin: they stay after exit (the data plane still serves them); lb detach withdraws them.
+    std::fs::write(&config, pool_text(&[(80, "ring", &[21, 22])])).expect("write");
+    let mut lb = Running::start(&p.lb, &["attach", "lbv0", "--config", cfg, "--announce", "vips0", "--pin", "--pin-dir", pins.arg(), "--xdp-mode", "generic"]);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGKILL);
+    lb.wait_exit(SECS);
+    assert!(holds(&p), "a pinned data plane's VIPs go with its controller");
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("withdrew the VIPs 10.77.0.100"), "{said}");
+    assert!(!holds(&p));
+}

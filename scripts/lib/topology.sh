@@ -207,3 +207,62 @@ topo_routed_up() { # PREFIX N MODE
         grep -q serving "/tmp/$p-b$i.decap.log" || { cat "/tmp/$p-b$i.decap.log" >&2; return 1; }
     done
 }
+
+# ---- the fleet topology: two lb nodes behind a router that spreads the VIPs over them (ECMP) ----
+#
+#   $P-client  eth0 10.98.0.2,.51-.54 ------- c0 10.98.0.1       $P-router (BIRD, ECMP)
+#                                             eth0 10.96.0.1  --+
+#   $P-na      eth0 10.96.0.2, ifb0 (VIPs) ---------------------+-- br0 (in $P-sw)
+#   $P-nb      eth0 10.96.0.3, ifb0 (VIPs) ---------------------+
+#   $P-b1..b3  eth0 10.96.0.(10+i), VIPs on lo -----------------+
+#
+# Nodes forward by L2 DSR to the backends on the bridge; backends answer through the router.
+# The VIPs reach the nodes only by the router's BGP-learned ECMP route (BIRD, started by the
+# test). topo_fleet_up PREFIX MODE; topo_down PREFIX removes it.
+topo_fleet_up() { # PREFIX MODE
+    local p=$1 mode=$2 i a n
+    [ -x "$TOPO_E2E" ] || { echo "topology: build first" >&2; return 1; }
+    topo_down "$p"
+    ip netns add "$p-sw"
+    ip -n "$p-sw" link add br0 type bridge
+    ip -n "$p-sw" link set br0 up
+    ip netns add "$p-client"
+    ip -n "$p-client" link set lo up
+    topo_link "$p" router
+    topo_wire "$p-client" eth0 "$p-router" c0
+    ip -n "$p-router" addr add 10.98.0.1/24 dev c0
+    ip -n "$p-router" addr add 10.96.0.1/24 dev eth0
+    topo_ns "$p-router" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 \
+        net.ipv4.fib_multipath_hash_policy=3 net.ipv4.fib_multipath_hash_fields=0x37
+    for a in ${TOPO_RCLIENTS4//,/ }; do ip -n "$p-client" addr add "$a/24" dev eth0; done
+    ip -n "$p-client" route add default via 10.98.0.1
+    for n in na nb; do
+        topo_link "$p" "$n"
+        ip -n "$p-$n" link add ifb0 type ifb
+        ip -n "$p-$n" route add default via 10.96.0.1 2>/dev/null || true
+    done
+    ip -n "$p-na" addr add 10.96.0.2/24 dev eth0
+    ip -n "$p-nb" addr add 10.96.0.3/24 dev eth0
+    for n in na nb; do ip -n "$p-$n" route replace default via 10.96.0.1; done
+    for i in 1 2 3; do
+        topo_link "$p" "b$i"
+        ip -n "$p-b$i" addr add "10.96.0.$((10 + i))/24" dev eth0
+        ip -n "$p-b$i" route add default via 10.96.0.1
+        ip -n "$p-b$i" addr add "$TOPO_VIP4/32" dev lo
+        ip -n "$p-b$i" addr add "$TOPO_VIP6/128" dev lo
+        topo_ns "$p-b$i" sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
+            net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2
+        topo_server_start "$p" "$i"
+    done
+    if [ "$mode" = native ]; then
+        topo_ns "$p-sw" "$TOPO_E2E" xdp-pass p-na
+        topo_ns "$p-sw" "$TOPO_E2E" xdp-pass p-nb
+        topo_ns "$p-client" ethtool -K eth0 tx off >/dev/null
+    fi
+    for i in 1 2 3; do
+        for _ in $(seq 1 50); do
+            topo_ns "$p-b$i" ss -ltn 2>/dev/null | grep -q ':80 ' && break
+            sleep 0.1
+        done
+    done
+}

@@ -176,7 +176,7 @@ struct lb_meta {
 	__u32 ifindex;          /* the interface it is attached to */
 	__u32 table_capacity;   /* slots of table_slots */
 	__u32 conntrack_size;   /* entries of flows */
-	__u64 reserved[2];
+	__u64 reserved[2];      /* [0]: the ifindex of the --announce device holding the VIPs (0: none) */
 };
 
 /* The program's settings (a global in .bss). */

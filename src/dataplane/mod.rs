@@ -953,6 +953,17 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Records in lb_meta the interface that holds the VIPs (--announce; 0: none), so that
+    /// `lb detach` can withdraw them.
+    pub fn set_announce_ifindex(&self, ifindex: u32) -> Result<()> {
+        let m = &self.skel.maps.lb_meta;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let mut meta: types::lb_meta = value_of(&v);
+        meta.reserved[0] = ifindex as u64;
+        m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
+        Ok(())
+    }
+
     /// Rebuilds this data plane's state from its (adopted) maps, names it after `pool`, and
     /// retires ids that an interrupted change left claiming a backend twice. The next
     /// [`Dataplane::apply`] then writes only what differs from what the maps hold.
@@ -1124,6 +1135,11 @@ impl PinnedMaps {
         meta.controller_since = controller.map_or(0, |c| c.1);
         m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
         Ok(())
+    }
+
+    /// The interface lb_meta says holds the VIPs (--announce), if any.
+    pub fn announce_ifindex(&self) -> Result<Option<u32>> {
+        Ok(self.meta()?.map(|m| m.reserved[0] as u32).filter(|&i| i != 0))
     }
 
     /// Everything `lb status` shows, read from the maps.
@@ -1325,8 +1341,12 @@ fn plane_status(src: &dyn MapSource) -> Result<crate::stats::PlaneStatus> {
         let name = names
             .lookup(bytes_of(&k), MapFlags::ANY)?
             .map_or_else(|| s.name.clone(), |v| name_text(&value_of::<types::lb_name>(&v).name));
+        let hash_of: HashMap<u32, u64> = live.backends.iter().map(|b| (b.0, b.3.identity)).collect();
+        let digest = crate::table::digest_of_hashes(s.owners.iter().map(|o| hash_of.get(o).copied().unwrap_or(0)));
         let mut svc = ServiceStatus {
             name,
+            vip: s.key.addr,
+            digest,
             endpoint: s.endpoint.clone(),
             hash: s.hash.as_str(),
             forward: s.forward.as_str(),

@@ -21,7 +21,23 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_REPLACE: u16 = 0x100;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
 
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+/// ifa_flags: no duplicate address detection (an IPv6 VIP is usable at once).
+const IFA_F_NODAD: u8 = 0x02;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const IFF_UP: u32 = 1;
+
+const RTM_NEWLINK: u16 = 16;
+const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
@@ -161,6 +177,44 @@ impl Socket {
         route.ok_or_else(|| io::Error::other("the kernel answered without a route"))
     }
 
+    /// Adds `addr` as a host address (/32 or /128) of `ifindex`; one that is there already is
+    /// fine (the request replaces it).
+    pub fn addr_add(&mut self, ifindex: u32, addr: IpAddr) -> io::Result<()> {
+        let body = ifaddr(ifindex, addr);
+        self.request(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, &body, |_, _| {})
+    }
+
+    /// Removes host address `addr` from `ifindex`; one that is not there is fine.
+    pub fn addr_del(&mut self, ifindex: u32, addr: IpAddr) -> io::Result<()> {
+        let body = ifaddr(ifindex, addr);
+        match self.request(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, &body, |_, _| {}) {
+            Err(e) if matches!(e.raw_os_error(), Some(c) if c == Errno::EADDRNOTAVAIL as i32 || c == Errno::ENOENT as i32) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// `ip link add NAME type dummy`.
+    pub fn link_add_dummy(&mut self, name: &str) -> io::Result<()> {
+        let mut body = vec![0u8; 16]; // struct ifinfomsg
+        let mut n = name.as_bytes().to_vec();
+        n.push(0);
+        push_attr(&mut body, IFLA_IFNAME, &n);
+        let mut kind = Vec::new();
+        push_attr(&mut kind, IFLA_INFO_KIND, b"dummy");
+        push_attr(&mut body, IFLA_LINKINFO | 0x8000, &kind);
+        self.request(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, &body, |_, _| {})
+    }
+
+    /// `ip link set up` for `ifindex`.
+    pub fn link_set_up(&mut self, ifindex: u32) -> io::Result<()> {
+        // struct ifinfomsg: family, pad, type, index, flags, change.
+        let mut body = vec![0u8; 16];
+        body[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+        body[8..12].copy_from_slice(&IFF_UP.to_ne_bytes());
+        body[12..16].copy_from_slice(&IFF_UP.to_ne_bytes());
+        self.request(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, &body, |_, _| {})
+    }
+
     /// Every neighbour entry on `ifindex`, both families.
     pub fn neighbours(&mut self, ifindex: u32) -> io::Result<Vec<Neighbour>> {
         let mut out = Vec::new();
@@ -252,6 +306,18 @@ impl Socket {
             }
         }
     }
+}
+
+/// struct ifaddrmsg and the address attributes of a host address.
+fn ifaddr(ifindex: u32, addr: IpAddr) -> Vec<u8> {
+    let (family, bytes) = family_bytes(addr);
+    let flags = if family == AF_INET6 { IFA_F_NODAD } else { 0 };
+    // family, prefix length, flags, scope (universe), index.
+    let mut body = vec![family, (bytes.len() * 8) as u8, flags, 0];
+    body.extend_from_slice(&ifindex.to_ne_bytes());
+    push_attr(&mut body, IFA_LOCAL, &bytes);
+    push_attr(&mut body, IFA_ADDRESS, &bytes);
+    body
 }
 
 fn family_bytes(addr: IpAddr) -> (u8, Vec<u8>) {

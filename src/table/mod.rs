@@ -92,6 +92,25 @@ pub fn build_service(service: &Service) -> Table {
     }
 }
 
+/// A table's fingerprint, to compare what several nodes serve: xxh64 (seed 0) of, for every
+/// slot in order, the 8 little-endian bytes of `xxh64(owner identity, seed 0)` (0 for an empty
+/// slot). `lb table` prints it from the builder, `lb status` from the live maps (which keep each
+/// backend's identity hash), so two nodes, or a node and the file, agree exactly when their
+/// tables do.
+pub fn digest_of_hashes(identity_hashes: impl Iterator<Item = u64>) -> u64 {
+    let mut h = xxhash_rust::xxh64::Xxh64::new(0);
+    for x in identity_hashes {
+        h.update(&x.to_le_bytes());
+    }
+    h.digest()
+}
+
+/// [`digest_of_hashes`] of a built table whose members are `identities`.
+pub fn digest(table: &Table, identities: &[String]) -> u64 {
+    let hashes: Vec<u64> = identities.iter().map(|i| xxhash_rust::xxh64::xxh64(i.as_bytes(), 0)).collect();
+    digest_of_hashes(table.owners().iter().map(|&o| if o == EMPTY { 0 } else { hashes[o as usize] }))
+}
+
 /// Builds services' tables across successive pools, reusing each ring service's tokens from the
 /// previous build (see [`ring::RingCache`]); the tables are exactly [`build_service`]'s.
 #[derive(Default)]

@@ -1,0 +1,69 @@
+//! `lb attach --announce DEV`: every VIP the data plane serves is a host address (/32, /128)
+//! of DEV, which a routing daemon on the node (BIRD, FRR) exports by BGP, so that the routers in
+//! front spread the VIPs' traffic over every node that serves them (ECMP).
+//!
+//! Order matters: VIPs are added only once the program is attached and serving them, and
+//! withdrawn before it stops (once a VIP is a local address with no XDP program in front, this
+//! host's kernel would answer its TCP packets with resets).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use anyhow::{bail, Context, Result};
+
+use lb::dataplane::netlink;
+
+use crate::attach::log;
+
+pub struct Announcer {
+    pub name: String,
+    pub ifindex: u32,
+    /// The VIPs this process added to DEV.
+    held: BTreeSet<IpAddr>,
+}
+
+impl Announcer {
+    /// Finds DEV (or creates it as a dummy device, where the kernel has them); it must not be
+    /// the interface the program is attached to.
+    pub fn open(nl: &mut netlink::Socket, name: &str, attached: &str) -> Result<Announcer> {
+        if name == attached {
+            bail!("--announce {name}: the VIPs go on another interface than the one lb attaches to (a dummy or ifb device)");
+        }
+        let ifindex = match nix::net::if_::if_nametoindex(name) {
+            Ok(i) => i,
+            Err(_) => {
+                nl.link_add_dummy(name).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--announce {name}: no such interface, and this kernel cannot create a dummy device ({e}); \
+                         give an existing interface that is not {attached} (an ifb device works: ip link add {name} type ifb)"
+                    )
+                })?;
+                log(format!("created the dummy device {name} for the VIPs"));
+                nix::net::if_::if_nametoindex(name).with_context(|| format!("finding {name} after creating it"))?
+            }
+        };
+        nl.link_set_up(ifindex).with_context(|| format!("bringing {name} up"))?;
+        Ok(Announcer { name: name.to_string(), ifindex, held: BTreeSet::new() })
+    }
+
+    /// Makes `vips` exactly the VIPs announced: adds the missing ones, removes the others.
+    pub fn sync(&mut self, nl: &mut netlink::Socket, vips: &BTreeSet<IpAddr>) -> Result<()> {
+        for v in vips.difference(&self.held.clone()) {
+            nl.addr_add(self.ifindex, *v).with_context(|| format!("adding {v} to {}", self.name))?;
+            self.held.insert(*v);
+            log(format!("announce: {v} on {}", self.name));
+        }
+        let gone: Vec<IpAddr> = self.held.difference(vips).copied().collect();
+        for v in gone {
+            nl.addr_del(self.ifindex, v).with_context(|| format!("removing {v} from {}", self.name))?;
+            self.held.remove(&v);
+            log(format!("withdraw: {v} from {}", self.name));
+        }
+        Ok(())
+    }
+
+    /// Withdraws every VIP this process announced.
+    pub fn withdraw_all(&mut self, nl: &mut netlink::Socket) -> Result<()> {
+        self.sync(nl, &BTreeSet::new())
+    }
+}
