@@ -26,6 +26,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of the attach variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Validate a pool file and print one line per service.
