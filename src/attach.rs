@@ -444,10 +444,14 @@ pub(crate) fn already_attached(ifc: &Interface, a: Option<link::Attached>) -> an
     )
 }
 
-/// Needs CAP_NET_ADMIN (attach, netlink) and CAP_BPF or CAP_SYS_ADMIN (load, maps).
+/// Needs CAP_NET_ADMIN (attaching, netlink), CAP_BPF (loading, maps) and CAP_PERFMON: the
+/// verifier refuses the programs without it ("pointer comparison prohibited": they compare
+/// packet pointers with NULL, which it allows only to a caller that may see pointers).
+/// CAP_SYS_ADMIN stands for CAP_BPF and CAP_PERFMON.
 pub(crate) fn check_privileges() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
     let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let eff = status
@@ -460,14 +464,22 @@ pub(crate) fn check_privileges() -> Result<()> {
     if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
         missing.push("CAP_BPF");
     }
+    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_PERFMON");
+    }
     if !has(CAP_NET_ADMIN) {
         missing.push("CAP_NET_ADMIN");
     }
     if !missing.is_empty() {
-        bail!("lb attach needs root, or the capabilities {} (missing: {})", "CAP_BPF and CAP_NET_ADMIN", missing.join(", "));
+        bail!(
+            "lb attach needs root, or the capabilities {} (missing: {})",
+            "CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN",
+            missing.join(", ")
+        );
     }
     Ok(())
 }
+
 
 /// Where each backend's frames go, and every reason the pool cannot be served from `ifc`.
 /// L2 direct server return sends a frame straight to a backend's MAC, so those backends must be

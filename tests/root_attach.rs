@@ -166,8 +166,35 @@ fn root_attach_refusals_are_clear_and_leave_nothing_attached() {
         .expect("setpriv");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("lb attach needs root, or the capabilities CAP_BPF and CAP_NET_ADMIN"), "{err}");
+    assert!(err.contains("lb attach needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN"), "{err}");
     assert!(!p.lb.has_xdp("lbv0"));
+
+    // CAP_BPF and CAP_NET_ADMIN alone are not enough: the verifier wants CAP_PERFMON too, and
+    // lb says so before trying; with all three, an unprivileged user attaches.
+    let caps = |set: &str| {
+        p.lb.cmd("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", &format!("--inh-caps=-all,{set}"), &format!("--ambient-caps=-all,{set}")])
+            .args([LB, "attach", "lbv0", "--config", good, "--xdp-mode", "generic"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("setpriv")
+    };
+    let out = caps("+bpf,+net_admin").wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("(missing: CAP_PERFMON)"), "{err}");
+    let mut child = caps("+bpf,+net_admin,+perfmon");
+    let mut attached = false;
+    for _ in 0..100 {
+        if p.lb.has_xdp("lbv0") {
+            attached = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(attached, "lb did not attach with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN");
 }
 
 #[test]

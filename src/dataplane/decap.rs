@@ -44,7 +44,7 @@ impl Decap {
         let open = DecapSkelBuilder::default().open(object).context("opening the decapsulation BPF object")?;
         let mut open = open;
         open.maps.rodata_data.as_deref_mut().context("the program's .rodata is not mapped")?.gue_port = gue_port.to_be();
-        let skel = open.load().context("loading the decapsulation program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
+        let skel = open.load().context("loading the decapsulation program (is this root, with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN?)")?;
         Ok(Decap { skel, local: HashSet::new() })
     }
 

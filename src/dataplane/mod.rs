@@ -112,7 +112,7 @@ impl Dataplane {
         if let Some(r) = reuse {
             fresh = reuse_maps(&mut open, r)?;
         }
-        let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF and CAP_NET_ADMIN?)")?;
+        let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN?)")?;
         let capacity = skel.maps.table_slots.info()?.info.max_entries * 2;
         let slots = SlotsMapping::new(&skel.maps.table_slots, capacity)?;
         let limits = plan::Limits {
