@@ -519,6 +519,13 @@ fn endpoint_of(k: &RouteKey) -> String {
     }
 }
 
+/// Whether two versions of a service have the same backends (in any order: a state rebuilt
+/// from the maps lists them by id, a planned one in pool order).
+fn same_backends(a: &[LiveBackend], b: &[LiveBackend]) -> bool {
+    let by_identity: HashMap<&str, &LiveBackend> = a.iter().map(|x| (x.identity.as_str(), x)).collect();
+    a.len() == b.len() && b.iter().all(|x| by_identity.get(x.identity.as_str()).is_some_and(|y| *y == x))
+}
+
 /// The builder's parameter of a service, for change detection.
 fn algorithm_param(s: &Service) -> u32 {
     match s.algorithm {
@@ -662,7 +669,7 @@ pub fn plan(
                     || o.algorithm != live.algorithm
                     || o.algorithm_param != live.algorithm_param
                     || written > 0
-                    || o.backends != live.backends =>
+                    || !same_backends(&o.backends, &live.backends) =>
             {
                 Some("changed")
             }
@@ -1006,6 +1013,35 @@ mod tests {
         let mut want_sorted = want.clone();
         want_sorted.sort();
         assert_eq!(ids_sorted, want_sorted);
+    }
+
+    #[test]
+    fn an_empty_service_given_backends_is_repaired_after_an_interruption_anywhere() {
+        let t0 = Instant::now();
+        let a = "services:\n  - {name: web, vip: 10.0.0.100, port: 80, slots: 1009, backends: []}\n  - {name: dns, vip: 10.0.0.100, port: 53, protocol: udp, slots: 1009, backends: [10.0.0.1]}\n";
+        let b = "services:\n  - {name: web, vip: 10.0.0.100, port: 80, slots: 1009, backends: [10.0.0.1, 10.0.0.2]}\n  - {name: dns, vip: 10.0.0.100, port: 53, protocol: udp, slots: 1009, backends: []}\n";
+        let (p1, p2) = (pool(a), pool(b));
+        let first = run(&State::default(), &p1, t0);
+        let mut maps = Maps::default();
+        maps.apply(&first.ops);
+        let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
+        for cut in 0..=second.ops.len() {
+            let mut m = maps.clone();
+            m.apply(&second.ops[..cut]);
+            let (st, retire) = State::rebuild(&m.live(), &p2, &LIMITS, &index_of, &|i| m.slots.get(&i).copied().unwrap_or(0));
+            let retired: Vec<Op> = retire.iter().map(|&(id, address)| Op::Backend { id, address, alive: false, in_pool: false }).collect();
+            m.apply(&retired);
+            let third = run(&st, &p2, t0 + Duration::from_secs(2));
+            m.apply(&third.ops);
+            for s in &p2.services {
+                let got = m.lookup(&service_key(s)).expect("route");
+                let want_slots = if s.backends.is_empty() { 0 } else { s.slots };
+                assert_eq!(got.slots, want_slots, "cut {cut}: {}'s route", s.name);
+                if want_slots > 0 {
+                    assert_eq!(m.table(&service_key(s)), expected(&p2, &s.name), "cut {cut}: {}", s.name);
+                }
+            }
+        }
     }
 
     #[test]
