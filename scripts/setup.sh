@@ -4,33 +4,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool bpftool)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    sudo=""
+# install [APT OPTIONS --] PACKAGES...: installs the packages that are missing.
+install() {
+    local opts=() missing=() p sudo=""
+    if [ "${1:-}" = --no-install-recommends ]; then
+        opts+=("$1")
+        shift
+    fi
+    for p in "$@"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    ((${#missing[@]})) || return 0
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     echo "setup: installing ${missing[*]}" >&2
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${opts[@]}" "${missing[@]}" >/dev/null
+}
 
+install clang llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool bpftool
 # The monitoring test's real Prometheus (and promtool) and headless browser, and the fleet
 # test's BIRD, without the recommended packages (with them, about 165 more).
-extras=(prometheus chromium curl bird2)
-missing=()
-for p in "${extras[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    echo "setup: installing ${missing[*]}" >&2
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+install --no-install-recommends prometheus chromium curl bird2
 
 if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || {

@@ -956,6 +956,21 @@ mod tests {
   - {name: alt, vip: 10.0.0.100, port: 60, slots: 1009, backends: [10.0.0.4]}
 ";
 
+    /// The controller died after writing `done` of a change to `maps`; a new one adopts them
+    /// with the file `p`: rebuilds the state from the maps, retires ids that claim to be in the
+    /// pool but nothing reaches (as Dataplane::adopt does), and applies `p`. Returns the maps
+    /// after, and the adoption's plan.
+    fn adopt_after(maps: &Maps, done: &[Op], p: &Pool, now: Instant) -> (Maps, Plan) {
+        let mut m = maps.clone();
+        m.apply(done);
+        let (st, retire) = State::rebuild(&m.live(), p, &LIMITS, &index_of, &|i| m.slots.get(&i).copied().unwrap_or(0));
+        let retired: Vec<Op> = retire.iter().map(|&(id, address)| Op::Backend { id, address, alive: false, in_pool: false }).collect();
+        m.apply(&retired);
+        let plan = run(&st, p, now);
+        m.apply(&plan.ops);
+        (m, plan)
+    }
+
     #[test]
     fn a_state_rebuilt_from_the_maps_repairs_any_interrupted_change_and_writes_only_what_differs() {
         let t0 = Instant::now();
@@ -972,16 +987,7 @@ mod tests {
         );
         let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
         for cut in 0..=second.ops.len() {
-            // The controller died after `cut` writes; a new one adopts the maps with the file.
-            let mut m = maps.clone();
-            m.apply(&second.ops[..cut]);
-            let (st, retire) = State::rebuild(&m.live(), &p2, &LIMITS, &index_of, &|i| m.slots.get(&i).copied().unwrap_or(0));
-            // Ids that claim to be in the pool but nothing reaches are retired first, as
-            // Dataplane::adopt does.
-            let retired: Vec<Op> = retire.iter().map(|&(id, address)| Op::Backend { id, address, alive: false, in_pool: false }).collect();
-            m.apply(&retired);
-            let third = run(&st, &p2, t0 + Duration::from_secs(2));
-            m.apply(&third.ops);
+            let (m, third) = adopt_after(&maps, &second.ops[..cut], &p2, t0 + Duration::from_secs(2));
             for s in &p2.services {
                 assert_eq!(m.table(&service_key(s)), expected(&p2, &s.name), "cut {cut}: {}", s.name);
             }
@@ -1026,13 +1032,7 @@ mod tests {
         maps.apply(&first.ops);
         let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
         for cut in 0..=second.ops.len() {
-            let mut m = maps.clone();
-            m.apply(&second.ops[..cut]);
-            let (st, retire) = State::rebuild(&m.live(), &p2, &LIMITS, &index_of, &|i| m.slots.get(&i).copied().unwrap_or(0));
-            let retired: Vec<Op> = retire.iter().map(|&(id, address)| Op::Backend { id, address, alive: false, in_pool: false }).collect();
-            m.apply(&retired);
-            let third = run(&st, &p2, t0 + Duration::from_secs(2));
-            m.apply(&third.ops);
+            let (m, _) = adopt_after(&maps, &second.ops[..cut], &p2, t0 + Duration::from_secs(2));
             for s in &p2.services {
                 let got = m.lookup(&service_key(s)).expect("route");
                 let want_slots = if s.backends.is_empty() { 0 } else { s.slots };
