@@ -30,6 +30,7 @@ const CASES: &[(&str, &str)] = &[
     ("load-bound-four-decimals.yaml", ":6:17: services[0].load_bound: 1.0205 has more than three decimals: expected a number from 1.000 to 2.000 with at most three decimals"),
     ("load-bound-on-ring.yaml", ":6:17: services[0].load_bound: applies to `algorithm: bounded` only"),
     ("load-bound-out-of-range.yaml", ":6:17: services[0].load_bound: 0.9: expected a number from 1.000 to 2.000 with at most three decimals"),
+    ("mixed-families-shorthand.yaml", ":6:9: services[0].backends[0].address: 10.0.0.1 is IPv4 but the service's vip fd00::1 is IPv6; `forward: l2` needs one family (ipip and gue carry either)"),
     ("forward-unknown.yaml", ":5:14: services[0].forward: expected one of l2 | ipip | gue, found `vxlan`"),
     ("gue-port-on-ipip.yaml", ":6:15: services[0].gue_port: applies to `forward: gue` only"),
     ("gue-port-out-of-range.yaml", ":6:15: services[0].gue_port: expected an integer 1..=65535, found 0"),

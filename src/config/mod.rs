@@ -424,7 +424,9 @@ impl Validator<'_> {
     /// An error about field `shown`, positioned at the node `located` (a key rather than its
     /// value, for instance).
     fn err_located(&self, shown: &FieldPath, located: &FieldPath, message: impl Into<String>) -> ConfigError {
-        let pos = self.doc.locate(&located.0);
+        // A field written in shorthand (a bare-string backend has no `address` key) is found at
+        // its nearest enclosing node.
+        let pos = (0..=located.0.len()).rev().find_map(|n| self.doc.locate(&located.0[..n]));
         ConfigError {
             file: self.file.to_path_buf(),
             line: pos.map(|p| p.0),

@@ -70,15 +70,51 @@ pub struct Document<'a> {
 /// Parses `text` as a single YAML document.
 pub fn parse(text: &str) -> Result<Document<'_>, SyntaxError> {
     let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| {
-        let loc = e.location();
-        SyntaxError {
-            line: loc.as_ref().map(|l| l.line()),
-            column: loc.as_ref().map(|l| l.column()),
-            message: strip_location(&e.to_string()),
-        }
+        let message = strip_location(&e.to_string());
+        let loc = e.location().map(|l| (l.line(), l.column())).or_else(|| {
+            // The parser gives no position for a second document: the marker that starts it.
+            message.contains("more than one document").then(|| second_document(text)).flatten()
+        });
+        SyntaxError { line: loc.map(|l| l.0), column: loc.map(|l| l.1), message }
     })?;
-    let root = convert(value).map_err(|message| SyntaxError { line: None, column: None, message })?;
+    let root = convert(value).map_err(|message| {
+        // Converting loses positions: find the construct in the text (a tag, or a key that is
+        // not a plain scalar), else the first line of content.
+        let loc = find(text, |l| l.contains('!'))
+            .or_else(|| {
+                find(text, |l| {
+                    let t = l.trim_start().trim_start_matches("- ").trim_start();
+                    (t.starts_with('?') || t.starts_with('[') || t.starts_with('{')) && t.contains(':')
+                })
+            })
+            .or_else(|| find(text, |l| !l.trim().is_empty() && !l.trim_start().starts_with('#')));
+        SyntaxError { line: loc.map(|l| l.0), column: loc.map(|l| l.1), message }
+    })?;
     Ok(Document { text, root })
+}
+
+/// The first line (1-based, with column 1) that satisfies `pred`.
+fn find(text: &str, pred: impl Fn(&str) -> bool) -> Option<(usize, usize)> {
+    text.lines().position(pred).map(|i| (i + 1, 1))
+}
+
+/// Where a second YAML document starts: a `---` or `...` marker after some content, or else the
+/// first line after the first document's content that is not indented.
+fn second_document(text: &str) -> Option<(usize, usize)> {
+    let mut seen = false;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim_end();
+        let content = !t.trim_start().is_empty() && !t.trim_start().starts_with('#');
+        if seen && (t.starts_with("---") || t.starts_with("...")) {
+            return Some((i + 1, 1));
+        }
+        if seen && content && !l.starts_with(' ') && !l.starts_with('\t') {
+            return Some((i + 1, 1));
+        }
+        seen |= content;
+    }
+    // One line that reads as two documents (an alias where a value should be, say): that line.
+    text.lines().position(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).map(|i| (i + 1, 1))
 }
 
 impl Document<'_> {
