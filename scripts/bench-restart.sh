@@ -10,6 +10,7 @@
 #   scripts/bench-restart.sh [BACKENDS] [ROUNDS]      needs root and the release build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/topology.sh
 N=${1:-1000}
 ROUNDS=${2:-5}
 LB=target/release/lb
@@ -36,16 +37,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ip netns add "$G"
-ip netns add "$L"
-ip link add eth0 netns "$G" type veth peer name eth0 netns "$L"
-for ns in "$G" "$L"; do ip -n "$ns" link set lo up; ip -n "$ns" link set eth0 up; done
-ip -n "$G" addr add 10.98.0.1/24 dev eth0
-ip -n "$L" addr add 10.98.0.2/24 dev eth0
-ip -n "$L" addr add 10.98.0.100/32 dev eth0
+topo_bench_pair "$G" "$L"
 ip -n "$L" route add 10.96.0.0/16 dev eth0
-GMAC=$(ip -n "$G" link show eth0 | awk '/ether/{print $2}')
-LMAC=$(ip -n "$L" link show eth0 | awk '/ether/{print $2}')
 mkdir -p "$PINS"
 mount -t bpf bpf "$PINS"
 

@@ -12,6 +12,7 @@
 #   scripts/bench-veth.sh [SECONDS] [ROUNDS]      needs root and the release build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/topology.sh
 SECONDS_PER_RUN=${1:-3}
 ROUNDS=${2:-3}
 LB=target/release/lb
@@ -32,15 +33,7 @@ trap 'exit 130' INT TERM
 cleanup
 WORK=$(mktemp -d /tmp/lb-bench.XXXXXX)
 
-ip netns add "$G"
-ip netns add "$L"
-ip link add eth0 netns "$G" type veth peer name eth0 netns "$L"
-for ns in "$G" "$L"; do ip -n "$ns" link set lo up; ip -n "$ns" link set eth0 up; done
-ip -n "$G" addr add 10.98.0.1/24 dev eth0
-ip -n "$L" addr add 10.98.0.2/24 dev eth0
-ip -n "$L" addr add 10.98.0.100/32 dev eth0
-GMAC=$(ip -n "$G" link show eth0 | awk '/ether/{print $2}')
-LMAC=$(ip -n "$L" link show eth0 | awk '/ether/{print $2}')
+topo_bench_pair "$G" "$L"
 # Two backends on the link; their "MACs" send forwarded frames back to the generator's end.
 ip -n "$L" neigh replace 10.98.0.11 lladdr "$GMAC" dev eth0 nud permanent
 ip -n "$L" neigh replace 10.98.0.12 lladdr "$GMAC" dev eth0 nud permanent
