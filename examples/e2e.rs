@@ -147,8 +147,9 @@ enum Cmd {
     XdpFloor {
         iface: String,
     },
-    /// Sends identical UDP frames out of IFACE as fast as BPF_PROG_TEST_RUN's live-frame mode
-    /// can, for SECONDS; prints the packets sent per second.
+    /// Sends frames out of IFACE as fast as BPF_PROG_TEST_RUN's live-frame mode can, for
+    /// SECONDS; prints the packets sent per second. Identical UDP frames, or with --flows or
+    /// --new-every, TCP frames of many flows (src/bpf/trafgen.bpf.c).
     Trafgen {
         iface: String,
         #[arg(long)]
@@ -164,6 +165,18 @@ enum Cmd {
         /// Print the number of frames sent after the rate.
         #[arg(long)]
         total: bool,
+        /// A working set of this many TCP flows, round-robin.
+        #[arg(long, default_value_t = 0)]
+        flows: u32,
+        /// Every N-th packet a SYN of a never-seen flow (1: all of them: a spoofed SYN flood).
+        #[arg(long, default_value_t = 0)]
+        new_every: u32,
+        /// Send each working-set flow's SYN and ACK once (2 x --flows packets per CPU), then stop.
+        #[arg(long)]
+        warmup: bool,
+        /// Generate on these CPUs, one thread each (default: the CPU it starts on).
+        #[arg(long, value_delimiter = ',')]
+        cpus: Vec<usize>,
     },
 }
 
@@ -217,7 +230,9 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
-        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total } => trafgen(&iface, &dst_mac, src, dst, dport, seconds, total),
+        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, cpus } => {
+            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, Gen { flows, new_every, warmup, cpus })
+        }
     }
 }
 
@@ -754,15 +769,25 @@ fn xdp_floor(iface: &str) -> Result<bool> {
     attach_driver_mode(iface, fd)
 }
 
-fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, dport: u16, seconds: f64, total: bool) -> Result<bool> {
+/// The many-flow settings of `trafgen`.
+struct Gen {
+    flows: u32,
+    new_every: u32,
+    warmup: bool,
+    cpus: Vec<usize>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, dport: u16, seconds: f64, total: bool, gen: Gen) -> Result<bool> {
     use libbpf_rs::libbpf_sys;
     let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
     let mac: Vec<u8> = dst_mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
     anyhow::ensure!(mac.len() == 6, "bad MAC {dst_mac}");
-    // Ethernet + IPv4 + UDP + 18 bytes: a 64-byte frame on the wire (without FCS: 60).
+    let tcp = gen.flows != 0 || gen.new_every != 0;
+    // Ethernet + IPv4 + UDP + 18 bytes (or TCP + 6): a 64-byte frame on the wire (without FCS: 60).
     let mut f = mac.clone();
     f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x77, 0x08, 0x00]);
-    let mut ip = vec![0x45, 0, 0, 46, 0, 1, 0x40, 0, 64, 17, 0, 0];
+    let mut ip = vec![0x45, 0, 0, 46, 0, 1, 0x40, 0, 64, if tcp { 6 } else { 17 }, 0, 0];
     ip.extend_from_slice(&src.octets());
     ip.extend_from_slice(&dst.octets());
     let mut sum: u32 = ip.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]) as u32).sum();
@@ -773,9 +798,15 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     f.extend_from_slice(&ip);
     f.extend_from_slice(&4242u16.to_be_bytes());
     f.extend_from_slice(&dport.to_be_bytes());
-    f.extend_from_slice(&26u16.to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(&[0x42; 18]);
+    if tcp {
+        // Sequence and acknowledgement numbers, data offset 5, flags (set per packet), window.
+        f.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 0x50, 0x10, 0xff, 0xff, 0, 0, 0, 0]);
+        f.extend_from_slice(&[0x42; 6]);
+    } else {
+        f.extend_from_slice(&26u16.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(&[0x42; 18]);
+    }
     // In live-frame mode the program runs on frames built from this one and XDP_TX sends
     // each out of the interface named in the context; the program writes the frame afresh
     // each time (src/bpf/trafgen.bpf.c says why).
@@ -783,24 +814,24 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     let mut object = std::mem::MaybeUninit::uninit();
     let mut open = trafgen_skel::TrafgenSkelBuilder::default().open(&mut object)?;
     anyhow::ensure!(f.len() == 60, "the generator's frame is {} bytes, not 60", f.len());
-    let words = &mut open.maps.rodata_data.as_deref_mut().context("trafgen .rodata")?.frame;
-    for (w, c) in words.iter_mut().zip(f.chunks(4)) {
+    let ro = open.maps.rodata_data.as_deref_mut().context("trafgen .rodata")?;
+    for (w, c) in ro.frame.iter_mut().zip(f.chunks(4)) {
         *w = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
     }
+    ro.flows = gen.flows;
+    ro.new_every = gen.new_every;
+    ro.warmup = gen.warmup as u32;
     let skel = open.load()?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&skel.progs.trafgen_xdp));
     let ctx = libbpf_sys::xdp_md { data: 0, data_end: f.len() as u32, data_meta: 0, ingress_ifindex: ifindex, rx_queue_index: 0, egress_ifindex: 0 };
-    let start = Instant::now();
-    let mut sent: u64 = 0;
-    let batch = 1 << 20;
-    while start.elapsed().as_secs_f64() < seconds {
+    let run = |repeat: i32| -> Result<()> {
         let mut opts = libbpf_sys::bpf_test_run_opts {
             sz: std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _,
             data_in: f.as_ptr() as *const _,
             data_size_in: f.len() as u32,
             ctx_in: &ctx as *const _ as *const _,
             ctx_size_in: std::mem::size_of::<libbpf_sys::xdp_md>() as u32,
-            repeat: batch,
+            repeat,
             flags: libbpf_sys::BPF_F_TEST_XDP_LIVE_FRAMES,
             ..Default::default()
         };
@@ -810,8 +841,58 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
         if rc != 0 {
             bail!("BPF_PROG_TEST_RUN live frames: {}", std::io::Error::last_os_error());
         }
-        sent += batch as u64;
-    }
+        Ok(())
+    };
+    let start = Instant::now();
+    let cpus: Vec<Option<usize>> = if gen.cpus.is_empty() {
+        vec![None]
+    } else {
+        gen.cpus.iter().map(|&c| Some(c)).collect()
+    };
+    let sent: Vec<u64> = std::thread::scope(|s| -> Result<Vec<u64>> {
+        let threads: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let run = &run;
+                s.spawn(move || -> Result<u64> {
+                    if let Some(c) = cpu {
+                        let mut set = nix::sched::CpuSet::new();
+                        set.set(c)?;
+                        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                            .with_context(|| format!("pinning to CPU {c}"))?;
+                    }
+                    if gen.warmup {
+                        // In slices, so that the receiver's queue keeps up: a handshake lost
+                        // here is a flow never tracked.
+                        let n = 2 * gen.flows as u64;
+                        let mut done = 0;
+                        while done < n {
+                            let k = (n - done).min(256) as i32;
+                            run(k)?;
+                            done += k as u64;
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                        return Ok(n);
+                    }
+                    let batch = 1 << 18;
+                    let mut sent = 0;
+                    while start.elapsed().as_secs_f64() < seconds {
+                        run(batch)?;
+                        sent += batch as u64;
+                    }
+                    Ok(sent)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .map_err(|_| anyhow::anyhow!("a generator thread panicked"))?
+            })
+            .collect()
+    })?;
+    let sent: u64 = sent.iter().sum();
     let secs = start.elapsed().as_secs_f64();
     if total {
         println!("{:.0} {sent}", sent as f64 / secs);

@@ -53,6 +53,8 @@ pub struct Plan {
     pub conntrack_size: u32,
     /// Idle timeouts of tracked (TCP, UDP) flows.
     pub conntrack_timeouts: (Duration, Duration),
+    /// Track flows from their second packet (see `lb attach --conntrack-guard`).
+    pub conntrack_guard: bool,
     /// How long to wait at start for backends' MACs before attaching anyway.
     pub resolve_timeout: Duration,
     /// Quiet time after the last file event before a reload.
@@ -229,6 +231,7 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         None => None,
     };
     dp.set_conntrack_timeouts(plan.conntrack_timeouts.0, plan.conntrack_timeouts.1)?;
+    dp.set_conntrack_guard(plan.conntrack_guard)?;
     let mtu = interface_mtu(&ifc);
     dp.set_mtu(mtu)?;
     dp.set_encap_sources(sources.v4, sources.v6)?;
@@ -351,7 +354,19 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         }
         None => format!("detached from {}", ifc.name),
     };
-    log(format!("{stop}: {what}; forwarded {}, passed {}, dropped {} ({})", snap.forwarded, snap.passed, snap.dropped(), drops.join(" ")));
+    let ct: Vec<String> = snap
+        .conntrack
+        .iter()
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    log(format!(
+        "{stop}: {what}; forwarded {}, passed {}, dropped {} ({}); conntrack {}",
+        snap.forwarded,
+        snap.passed,
+        snap.dropped(),
+        drops.join(" "),
+        ct.join(" ")
+    ));
     Ok(ExitCode::SUCCESS)
 }
 

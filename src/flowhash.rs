@@ -29,6 +29,12 @@ const K: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The documented hash of `bytes` (any length; the data plane uses 4, 16 and 40).
 pub fn hash_bytes(bytes: &[u8]) -> u32 {
+    hash_bytes64(bytes) as u32
+}
+
+/// All 64 bits of the hash, before it is cut to 32: the flow tables' tag and bucket (src/bpf/lb.h,
+/// struct lb_flow) come from the `flow` input's.
+pub fn hash_bytes64(bytes: &[u8]) -> u64 {
     let mut h = SEED ^ (bytes.len() as u64).wrapping_mul(K);
     for lane in bytes.chunks(8) {
         let mut b = [0u8; 8];
@@ -40,7 +46,7 @@ pub fn hash_bytes(bytes: &[u8]) -> u32 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
-    h as u32
+    h
 }
 
 fn push_addr(out: &mut Vec<u8>, addr: IpAddr) {
@@ -61,6 +67,22 @@ pub fn hash_input(mode: HashMode, src: IpAddr, dst: IpAddr, sport: u16, dport: u
         b.extend_from_slice(&[proto, 0, 0, 0]);
     }
     b
+}
+
+/// The flow-table tag of a flow from `src:sport` to `dst:dport` (its 64-bit `flow` hash with bit
+/// 0 set); [`tag_bucket`] and [`tag_bucket2`] are the two buckets, among `buckets` (a power of
+/// two), where it may live.
+pub fn flow_tag(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8) -> u64 {
+    hash_bytes64(&hash_input(HashMode::Flow, src, dst, sport, dport, proto)) | 1
+}
+
+pub fn tag_bucket(tag: u64, buckets: u32) -> u32 {
+    (tag >> 32) as u32 & (buckets - 1)
+}
+
+/// The flow's second bucket: where it goes when the first is full.
+pub fn tag_bucket2(tag: u64, buckets: u32) -> u32 {
+    (tag as u32 >> 8) & (buckets - 1)
 }
 
 /// The hash of a packet from `src:sport` to `dst:dport` with IP protocol `proto`.

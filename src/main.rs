@@ -77,6 +77,12 @@ enum Command {
         /// A tracked UDP flow idle this long is forgotten.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "30")]
         conntrack_udp_timeout: std::time::Duration,
+        /// on: a flow gets its flow-table entry at its second packet (a TCP flow's first after
+        /// the SYN); its first waits in a separate half-open table, so a flood of spoofed SYNs
+        /// (or first UDP datagrams) can never evict established flows. off: at its first
+        /// packet, evicting the flow seen longest ago when the table is full.
+        #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off)]
+        conntrack_guard: bool,
         /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
         resolve_timeout: std::time::Duration,
@@ -222,6 +228,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             conntrack_size,
             conntrack_tcp_timeout,
             conntrack_udp_timeout,
+            conntrack_guard,
             resolve_timeout,
             reload_delay,
             recheck_interval,
@@ -253,6 +260,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 table_capacity,
                 conntrack_size,
                 conntrack_timeouts: (conntrack_tcp_timeout, conntrack_udp_timeout),
+                conntrack_guard,
                 resolve_timeout,
                 reload_delay,
                 recheck_interval,
@@ -322,4 +330,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
 }

@@ -215,3 +215,103 @@ fn root_udp_entries_age_out_and_a_reset_ends_a_tcp_entry() {
         assert_eq!(tcp(&dp, src, sport, SYN), table_says(&b, "web", src, sport), "the next connection is a new flow");
     }
 }
+
+/// A flow's handshake: the SYN, then the client's ACK (which makes the established entry).
+fn handshake(dp: &Dataplane, src: Ipv4Addr, sport: u16) -> IpAddr {
+    let first = tcp(dp, src, sport, SYN);
+    assert_eq!(
+        tcp(dp, src, sport, ACK),
+        first,
+        "the ACK goes where the SYN went"
+    );
+    first
+}
+
+/// 200 established flows, then `syns` spoofed SYNs (never followed by an ACK) from as many
+/// sources into a flow table of 4,096 entries, then a table change that moves every one of the
+/// 200: how many still reach their own backend.
+fn flood(guard: bool, syns: u32) -> (usize, Dataplane) {
+    common::require_root();
+    let a = pool(A);
+    let mut dp = Dataplane::load_sized(1 << 20, 4096).expect("load");
+    dp.set_conntrack_guard(guard).expect("guard");
+    let macs = |x: IpAddr| Some(mac(x));
+    dp.install(&a, IFMAC, &macs).expect("install");
+    for x in 11..=16u8 {
+        dp.set_mac(
+            IpAddr::V4(Ipv4Addr::new(10, 99, 0, x)),
+            Some(mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, x)))),
+        )
+        .expect("mac");
+    }
+    let b = pool(&A.replacen(
+        "[10.99.0.11, 10.99.0.12, 10.99.0.13]",
+        "[{address: 10.99.0.11, weight: 5}, 10.99.0.12, 10.99.0.13, 10.99.0.14]",
+        1,
+    ));
+    let flows = moving_flows(&a, &b, "web", 200);
+    for &(src, sport) in &flows {
+        assert_eq!(
+            handshake(&dp, src, sport),
+            table_says(&a, "web", src, sport)
+        );
+    }
+    assert_eq!(dp.flow_count().expect("count"), 200);
+    for i in 0..syns {
+        tcp(
+            &dp,
+            Ipv4Addr::from(0x0b00_0000 + i),
+            1024 + (i % 50_000) as u16,
+            SYN,
+        );
+    }
+    dp.apply(&b).expect("apply");
+    let kept = flows
+        .iter()
+        .filter(|&&(src, sport)| tcp(&dp, src, sport, ACK) == table_says(&a, "web", src, sport))
+        .count();
+    (kept, dp)
+}
+
+#[test]
+fn root_a_syn_flood_does_not_evict_established_flows() {
+    let (kept, dp) = flood(true, 40_000);
+    assert_eq!(
+        kept, 200,
+        "every established flow kept its backend through the flood and the change"
+    );
+    assert_eq!(ct(&dp, types::lb_stat::LB_CT_EVICTED), 0);
+    assert!(
+        ct(&dp, types::lb_stat::LB_CT_PENDING) >= 40_000,
+        "the flood's SYNs went to the half-open table"
+    );
+}
+
+#[test]
+fn root_without_the_guard_a_syn_flood_evicts_established_flows() {
+    // The same flood with the guard off: what the guard prevents happens.
+    let (kept, dp) = flood(false, 40_000);
+    assert!(kept < 100, "{kept} of 200 flows survived 40,000 SYNs in 4,096 entries: most should have been forgotten");
+    assert!(ct(&dp, types::lb_stat::LB_CT_EVICTED) > 10_000);
+}
+
+#[test]
+fn root_the_flow_tag_is_the_documented_hash() {
+    // User space places carried-over flows by the tag it computes: it must be the program's.
+    let (dp, a) = setup();
+    let s = a.service("web").expect("web");
+    let src = Ipv4Addr::new(192, 0, 2, 9);
+    let backend = handshake(&dp, src, 4321);
+    let tag = lb::flowhash::flow_tag(src.into(), s.vip, 4321, 80, 6);
+    let slots = dp.flow_slots().expect("slots");
+    assert_eq!(slots.len(), 1);
+    let (slot, got, id) = slots[0];
+    assert_eq!(got, tag);
+    let buckets = lb::dataplane::flow_table_slots(lb::dataplane::DEFAULT_CONNTRACK_SIZE) / 4;
+    assert!(
+        slot / 4 == lb::flowhash::tag_bucket(tag, buckets)
+            || slot / 4 == lb::flowhash::tag_bucket2(tag, buckets),
+        "in a bucket its tag names"
+    );
+    assert!(id != 0 && backend == table_says(&a, "web", src, 4321));
+}

@@ -24,14 +24,14 @@ TOPO_CLIENTS6=fd99::1,fd99::51,fd99::52,fd99::53,fd99::54
 
 topo_ns() { ip netns exec "$@"; }
 
-# topo_bench_pair GEN LB: the benchmarks' two namespaces, joined by one veth pair (eth0 in
-# each): the generator 10.98.0.1/24; lb 10.98.0.2/24 with the VIP 10.98.0.100/32. Sets GMAC
-# and LMAC to the two ends' addresses.
+# topo_bench_pair GEN LB [QUEUES]: the benchmarks' two namespaces, joined by one veth pair (eth0
+# in each, with QUEUES queues each way, default 1): the generator 10.98.0.1/24; lb 10.98.0.2/24
+# with the VIP 10.98.0.100/32. Sets GMAC and LMAC to the two ends' addresses.
 topo_bench_pair() {
-    local g=$1 l=$2 ns
+    local g=$1 l=$2 q=${3:-1} ns
     ip netns add "$g"
     ip netns add "$l"
-    ip link add eth0 netns "$g" type veth peer name eth0 netns "$l"
+    ip link add eth0 netns "$g" numtxqueues "$q" numrxqueues "$q" type veth peer name eth0 netns "$l" numtxqueues "$q" numrxqueues "$q"
     for ns in "$g" "$l"; do ip -n "$ns" link set lo up; ip -n "$ns" link set eth0 up; done
     ip -n "$g" addr add 10.98.0.1/24 dev eth0
     ip -n "$l" addr add 10.98.0.2/24 dev eth0

@@ -25,14 +25,20 @@ static __always_inline __u64 hash_lane(__u64 h, __u64 x)
 	return (h ^ x) * LB_HASH_K;
 }
 
-static __always_inline __u32 hash_finish(__u64 h)
+/* The whole 64 bits: the flow tables' tag and bucket (lb.h, struct lb_flow). */
+static __always_inline __u64 hash_finish64(__u64 h)
 {
 	h ^= h >> 33;
 	h *= 0xff51afd7ed558ccdull;
 	h ^= h >> 33;
 	h *= 0xc4ceb9fe1a85ec53ull;
 	h ^= h >> 33;
-	return (__u32)h;
+	return h;
+}
+
+static __always_inline __u32 hash_finish(__u64 h)
+{
+	return (__u32)hash_finish64(h);
 }
 
 /* 4 bytes: an IPv4 client address. */
@@ -41,14 +47,14 @@ static __always_inline __u32 hash4(__u32 w)
 	return hash_finish(hash_lane(hash_start(4), w));
 }
 
-/* 16 bytes: an IPv4 flow or an IPv6 client address. */
-static __always_inline __u32 hash16(__u64 a, __u64 b)
+/* 16 bytes, all 64 bits. */
+static __always_inline __u64 hash16_64(__u64 a, __u64 b)
 {
-	return hash_finish(hash_lane(hash_lane(hash_start(16), a), b));
+	return hash_finish64(hash_lane(hash_lane(hash_start(16), a), b));
 }
 
-/* 40 bytes: an IPv6 flow. */
-static __always_inline __u32 hash40(const __u64 *l)
+/* 40 bytes, all 64 bits. */
+static __always_inline __u64 hash40_64(const __u64 *l)
 {
 	__u64 h = hash_start(40);
 
@@ -57,7 +63,19 @@ static __always_inline __u32 hash40(const __u64 *l)
 	h = hash_lane(h, l[2]);
 	h = hash_lane(h, l[3]);
 	h = hash_lane(h, l[4]);
-	return hash_finish(h);
+	return hash_finish64(h);
+}
+
+/* 16 bytes: an IPv4 flow or an IPv6 client address. */
+static __always_inline __u32 hash16(__u64 a, __u64 b)
+{
+	return (__u32)hash16_64(a, b);
+}
+
+/* 40 bytes: an IPv6 flow. */
+static __always_inline __u32 hash40(const __u64 *l)
+{
+	return (__u32)hash40_64(l);
 }
 
 #endif /* LB_HASH_H */

@@ -103,8 +103,6 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
-/* A tracked flow's `seen` is refreshed at most this often (ms): one write per second. */
-#define LB_CT_REFRESH_MS 1000
 
 /* The backend id the route's table gives `hash`, or 0 with the drop already counted. */
 static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
@@ -155,119 +153,259 @@ static __always_inline int forward(struct pkt *p, const struct lb_service *svc)
 	return send(p, svc, id);
 }
 
-static __always_inline int flow_key_equal(const struct lb_flow_key *a, const struct lb_flow_key *b)
-{
-	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+/* ---- connection tracking (lb.h, struct lb_flow) ---- */
 
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+/* Flow tables count time in ticks of 2^LB_CT_TICK_SHIFT ms (16 ms): a 32-bit `seen` lasts two
+ * years, and timeouts keep a precision far finer than a second. */
+#define LB_CT_TICK_SHIFT 4
+/* A tracked flow's `seen` is rewritten at most every 64 ticks (about a second), or a quarter of
+ * its timeout if that is shorter: a hit rarely writes. */
+#define LB_CT_REFRESH_TICKS 64
+
+static __always_inline __u32 ct_timeout_ticks(__u8 proto)
+{
+	__u64 ms = proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms;
+
+	return (ms + (1 << LB_CT_TICK_SHIFT) - 1) >> LB_CT_TICK_SHIFT;
+}
+
+/* A slot's backend, gen and seen, read as one word (lb.h says why). */
+struct flow_word {
+	__u32 backend;
+	__u32 gen;
+	__u32 seen;
+};
+
+static __always_inline __u64 flow_pack(__u32 backend, __u32 gen, __u32 seen)
+{
+	return (__u64)(backend & 0xffff) | (__u64)(gen & 0xffff) << 16 | (__u64)seen << 32;
+}
+
+static __always_inline struct flow_word flow_unpack(__u64 w)
+{
+	struct flow_word f = { .backend = w & 0xffff, .gen = (w >> 16) & 0xffff, .seen = w >> 32 };
+
+	return f;
+}
+
+static __always_inline __u64 *flow_word_of(struct lb_flow *e)
+{
+	return (__u64 *)&e->backend;
+}
+
+/* The k-th of the 2 * LB_FLOW_WAYS slots where a flow may live: the slots of its first bucket
+ * (from the tag's high half), then those of its second (from its low half), so that a bucket
+ * that fills up spills into another instead of forgetting flows. */
+static __always_inline __u32 flow_slot(__u64 tag, __u32 mask, __u32 k)
+{
+	__u32 bucket = k < LB_FLOW_WAYS ? (__u32)(tag >> 32) & mask : ((__u32)tag >> 8) & mask;
+
+	return bucket * LB_FLOW_WAYS + (k & (LB_FLOW_WAYS - 1));
+}
+
+/* The slot of `map` holding `tag`, with its word read consistently, or NULL. The second
+ * bucket's cache line is read only when the first does not hold the flow. */
+static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u64 tag, struct flow_word *out)
+{
+#pragma unroll
+	for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
+		__u32 k = flow_slot(tag, mask, i);
+		struct lb_flow *e = bpf_map_lookup_elem(map, &k);
+		__u64 w;
+
+		if (!e || *(volatile __u64 *)&e->tag != tag)
+			continue;
+		w = *(volatile __u64 *)flow_word_of(e);
+		/* Still this flow's after the read: a writer replacing it would have zeroed the tag
+		 * before writing the word. */
+		if (*(volatile __u64 *)&e->tag != tag)
+			continue;
+		*out = flow_unpack(w);
+		return e;
+	}
+	return NULL;
+}
+
+/* Writes a flow into `map`: into the slot that already has its tag (`have`), else a free one of
+ * its two buckets, else the one of them seen longest ago. Returns 1 when that forgot another
+ * flow. A slot another CPU is writing at the same instant is left to it (the flow is then not
+ * recorded). */
+static __always_inline int flow_put(void *map, __u32 mask, __u64 tag, struct lb_flow *have, __u64 word)
+{
+	struct lb_flow *victim = have;
+	__u64 old, oldest = ~0ull;
+
+	if (!victim) {
+#pragma unroll
+		for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
+			__u32 k = flow_slot(tag, mask, i);
+			struct lb_flow *e = bpf_map_lookup_elem(map, &k);
+			__u64 seen;
+
+			if (!e)
+				continue;
+			if (e->tag == 0) {
+				victim = e;
+				break;
+			}
+			seen = 1 + (__u64)e->seen;
+			if (seen < oldest) {
+				oldest = seen;
+				victim = e;
+			}
+		}
+		if (!victim)
+			return 0;
+	}
+	old = *(volatile __u64 *)&victim->tag;
+	if (old != 0 && __sync_val_compare_and_swap(&victim->tag, old, 0) != old)
+		return 0;
+	*(volatile __u64 *)flow_word_of(victim) = word;
+	*(volatile __u64 *)&victim->tag = tag;
+	return old != 0 && old != tag;
+}
+
+/* Ends a flow's entry (a reset), unless another flow took the slot meanwhile. */
+static __always_inline void flow_end(struct lb_flow *e, __u64 tag)
+{
+	__sync_val_compare_and_swap(&e->tag, tag, 0);
 }
 
 /* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
  * another backend since, and the flow not idle past its protocol's timeout. */
-static __always_inline int usable(const struct lb_flow *e, __u8 proto, __u64 now)
+static __always_inline int usable(const struct flow_word *f, __u8 proto, __u32 now)
 {
-	__u32 id = e->backend;
+	__u32 id = f->backend;
 	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
 	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
-	__u64 timeout = proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms;
+	__u32 timeout = ct_timeout_ticks(proto);
 
-	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || *gen != e->gen)
+	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || (*gen & 0xffff) != f->gen)
 		return 0;
-	return timeout == 0 || now - e->seen < timeout;
+	return timeout == 0 || now - f->seen < timeout;
+}
+
+/* Keeps a used entry from ageing out: rewrites `seen` once it is older than the refresh interval. */
+static __always_inline void refresh(struct lb_flow *e, const struct flow_word *f, __u8 proto, __u32 now)
+{
+	__u32 every = ct_timeout_ticks(proto) / 4;
+
+	if (every == 0 || every > LB_CT_REFRESH_TICKS)
+		every = LB_CT_REFRESH_TICKS;
+	if (now - f->seen >= every)
+		e->seen = now;
 }
 
 /* Connection tracking: a flow with a usable entry goes to its backend whatever the table says
- * now; otherwise the table decides, and the entry is made by the packet that starts a flow (a
- * TCP SYN without ACK, any UDP packet) or remade when the old one was stale. */
-static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, const struct lb_flow_key *fk,
-				   __u8 tcp_flags)
+ * now; otherwise the table decides. A flow's first packet (a TCP SYN without ACK, any UDP
+ * datagram) is recorded in flow_pending with the backend it went to; its next packet moves that
+ * record into `flows`, where it may take the place of the established flow seen longest ago.
+ * A stale entry (its backend gone, down, or the flow idle too long) is remade from the table by
+ * any packet. With ct_guard off, a first packet goes straight into `flows`. `h` is the flow's
+ * 64-bit hash over its 5-tuple. */
+static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 h, __u8 proto, __u8 tcp_flags)
 {
-	__u64 now = lb_settings.clock_ms;
-	__u32 ci = (p->hash ^ ((__u32)fk->sport * 0x9e3779b1u) ^ fk->dport) & (LB_FLOW_CACHE_SIZE - 1);
-	struct lb_flow_cached *c = bpf_map_lookup_elem(&flow_cache, &ci);
-	struct lb_flow fresh = {};
-	struct lb_flow *e;
-	__u32 id, *gen;
+	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT;
+	__u64 tag = h | 1;
+	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
+	int first = proto == IPPROTO_UDP || (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	struct lb_flow *e, *pe;
+	struct flow_word f;
 
-	int syn = fk->proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
-
-	/* This CPU's cache first, for everything but a connection's first packet: a SYN asks the
-	 * flows map itself, so an entry ended on another CPU (a reset) is never revived by a stale
-	 * copy in this CPU's cache. */
-	__u64 epoch = lb_ct_epoch;
-
-	if (!syn && c && c->epoch == epoch && flow_key_equal(&c->key, fk) && usable(&c->flow, fk->proto, now)) {
-		id = c->flow.backend;
-		if (now - c->flow.seen > LB_CT_REFRESH_MS) {
-			/* Keep the authoritative entry from ageing out while the cache serves it. */
-			c->flow.seen = now;
-			e = bpf_map_lookup_elem(&flows, fk);
-			if (e)
-				e->seen = now;
-		}
-		if (tcp_flags & TCP_FLAG_RST) {
-			bpf_map_delete_elem(&flows, fk);
-			__sync_fetch_and_add(&lb_ct_epoch, 1);
-		}
-		count(LB_CT_HIT, 0);
-		return send(p, svc, id);
-	}
-
-	e = bpf_map_lookup_elem(&flows, fk);
+	e = flow_find(&flows, mask, tag, &f);
 	if (e) {
-		if (usable(e, fk->proto, now)) {
-			id = e->backend;
-			if (now - e->seen > LB_CT_REFRESH_MS)
-				e->seen = now;
+		if (usable(&f, proto, now)) {
+			refresh(e, &f, proto, now);
 			/* The client reset the connection: it is over, and the next one with these
 			 * ports is a new flow. (Only the client's direction passes here.) */
-			if (tcp_flags & TCP_FLAG_RST) {
-				bpf_map_delete_elem(&flows, fk);
-				__sync_fetch_and_add(&lb_ct_epoch, 1);
-			} else if (c) {
-				c->key = *fk;
-				c->flow = *e;
-				c->epoch = epoch;
-			}
+			if (tcp_flags & TCP_FLAG_RST)
+				flow_end(e, tag);
 			count(LB_CT_HIT, 0);
-			return send(p, svc, id);
+			return send(p, svc, f.backend);
 		}
 		count(LB_CT_STALE, 0);
-	} else {
-		count(LB_CT_MISS, 0);
+		id = pick(svc, p->hash);
+		if (id == 0)
+			return XDP_DROP;
+		gen = bpf_map_lookup_elem(&backend_gen, &id);
+		flow_put(&flows, mask, tag, e, flow_pack(id, gen ? *gen : 0, now));
+		count(LB_CT_NEW, 0);
+		return send(p, svc, id);
+	}
+	count(LB_CT_MISS, 0);
+	if (lb_settings.ct_guard) {
+		pe = flow_find(&flow_pending, pmask, tag, &f);
+		if (pe) {
+			int stale = !usable(&f, proto, now);
+
+			if (stale) {
+				/* Its first packet went to a backend that is gone or down (or long
+				 * ago): the table decides again. */
+				count(LB_CT_STALE, 0);
+				id = pick(svc, p->hash);
+				if (id == 0)
+					return XDP_DROP;
+				gen = bpf_map_lookup_elem(&backend_gen, &id);
+				f.backend = id;
+				f.gen = gen ? *gen : 0;
+			}
+			if (first) {
+				/* A SYN sent again: where the first one went. */
+				if (stale)
+					flow_put(&flow_pending, pmask, tag, pe, flow_pack(f.backend, f.gen, now));
+				else
+					count(LB_CT_HIT, 0);
+				return send(p, svc, f.backend);
+			}
+			/* The flow's next packet: established, with the backend its first went to. */
+			if (!(tcp_flags & TCP_FLAG_RST)) {
+				if (flow_put(&flows, mask, tag, NULL, flow_pack(f.backend, f.gen, now)))
+					count(LB_CT_EVICTED, 0);
+				count(LB_CT_NEW, 0);
+			}
+			flow_end(pe, tag);
+			if (!stale)
+				count(LB_CT_HIT, 0);
+			return send(p, svc, f.backend);
+		}
+		id = pick(svc, p->hash);
+		if (id == 0)
+			return XDP_DROP;
+		if (first) {
+			gen = bpf_map_lookup_elem(&backend_gen, &id);
+			flow_put(&flow_pending, pmask, tag, pe, flow_pack(id, gen ? *gen : 0, now));
+			count(LB_CT_PENDING, 0);
+		}
+		return send(p, svc, id);
 	}
 	id = pick(svc, p->hash);
 	if (id == 0)
 		return XDP_DROP;
-	if (e || fk->proto == IPPROTO_UDP || syn) {
+	if (first) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		fresh.backend = id;
-		fresh.gen = gen ? *gen : 0;
-		fresh.seen = now;
-		bpf_map_update_elem(&flows, fk, &fresh, BPF_ANY);
-		epoch = __sync_add_and_fetch(&lb_ct_epoch, 1);
-		if (c) {
-			c->key = *fk;
-			c->flow = fresh;
-			c->epoch = epoch;
-		}
+		if (flow_put(&flows, mask, tag, NULL, flow_pack(id, gen ? *gen : 0, now)))
+			count(LB_CT_EVICTED, 0);
 		count(LB_CT_NEW, 0);
 	}
 	return send(p, svc, id);
 }
 
-/* An ICMP error about a service's flow (p->hash already the flow's hash, fk its key as the
- * client's own packets have it): to the backend that owns the flow, by the same flow-table
- * entry (looked up, never made or refreshed) or else the same slot as the client's packets. */
-static __always_inline int route_icmp(struct pkt *p, const struct lb_service *svc, const struct lb_flow_key *fk)
+/* An ICMP error about a service's flow (p->hash already the flow's hash for the table, h its
+ * 64-bit hash as the client's own packets have it): to the backend that owns the flow, by the
+ * flow's entry (looked up, never made or refreshed) or else the same slot as the client's
+ * packets. */
+static __always_inline int route_icmp(struct pkt *p, const struct lb_service *svc, __u64 h, __u8 proto)
 {
+	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT;
+	__u64 tag = h | 1;
+	struct flow_word f;
 	__u32 id = 0;
 
 	if (svc->flags & LB_SVC_CONNTRACK) {
-		struct lb_flow *e = bpf_map_lookup_elem(&flows, fk);
-
-		if (e && usable(e, fk->proto, lb_settings.clock_ms))
-			id = e->backend;
+		if ((flow_find(&flows, lb_settings.ct_mask, tag, &f) ||
+		     flow_find(&flow_pending, lb_settings.ct_pending_mask, tag, &f)) &&
+		    usable(&f, proto, now))
+			id = f.backend;
 	}
 	if (id == 0)
 		id = pick(svc, p->hash);
@@ -284,9 +422,9 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 {
 	struct icmphdr *ic = take(c, sizeof(*ic));
 	const struct lb_service *svc;
-	struct lb_flow_key fk = {};
 	__u32 hlen, qports, cports, dst[4] = {};
 	struct iphdr *q;
+	__u64 h;
 	__u32 *ports;
 
 	if (!ic || ic->type != ICMP_DEST_UNREACH_)
@@ -311,17 +449,9 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 		return count(LB_STAT_PASSED, XDP_PASS);
 	/* The client's own packets: its port first, then the service's. */
 	cports = qports >> 16 | qports << 16;
-	if (svc->hash_mode == LB_HASH_CLIENT_IP)
-		p->hash = hash4(q->daddr);
-	else
-		p->hash = hash16((__u64)q->daddr | (__u64)q->saddr << 32, (__u64)cports | (__u64)q->protocol << 32);
-	fk.src[0] = q->daddr;
-	fk.dst[0] = q->saddr;
-	fk.sport = cports;
-	fk.dport = cports >> 16;
-	fk.proto = q->protocol;
-	fk.family = LB_FAMILY_V4;
-	return route_icmp(p, svc, &fk);
+	h = hash16_64((__u64)q->daddr | (__u64)q->saddr << 32, (__u64)cports | (__u64)q->protocol << 32);
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(q->daddr) : (__u32)h;
+	return route_icmp(p, svc, h, q->protocol);
 }
 
 /* ICMPv6 destination unreachable or packet too big, likewise. */
@@ -329,11 +459,10 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 {
 	struct icmp6hdr *ic = take(c, sizeof(*ic));
 	const struct lb_service *svc;
-	struct lb_flow_key fk = {};
 	__u32 qports, cports, dst[4];
 	struct ipv6hdr *q;
 	__u32 *ports;
-	__u64 l[5];
+	__u64 l[5], h;
 
 	if (!ic || (ic->icmp6_type != ICMPV6_DEST_UNREACH_ && ic->icmp6_type != ICMPV6_PKT_TOOBIG_))
 		return count(LB_STAT_PASSED, XDP_PASS);
@@ -355,19 +484,10 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	/* Lanes as the client's packets hash them: client, then VIP, then ports and protocol. */
 	__builtin_memcpy(l, &q->daddr, 16);
 	__builtin_memcpy(&l[2], dst, 16);
-	if (svc->hash_mode == LB_HASH_CLIENT_IP) {
-		p->hash = hash16(l[0], l[1]);
-	} else {
-		l[4] = (__u64)cports | (__u64)q->nexthdr << 32;
-		p->hash = hash40(l);
-	}
-	__builtin_memcpy(fk.src, &q->daddr, 16);
-	__builtin_memcpy(fk.dst, dst, 16);
-	fk.sport = cports;
-	fk.dport = cports >> 16;
-	fk.proto = q->nexthdr;
-	fk.family = LB_FAMILY_V6;
-	return route_icmp(p, svc, &fk);
+	l[4] = (__u64)cports | (__u64)q->nexthdr << 32;
+	h = hash40_64(l);
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
+	return route_icmp(p, svc, h, q->nexthdr);
 }
 
 /* IPv4: any header length (options skipped), the whole datagram present, TCP or UDP.
@@ -379,6 +499,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	__u32 hlen, ports = 0, dst[4] = {};
 	__u8 tcp_flags = 0;
 	int fragment;
+	__u64 h = 0;
 
 	if (!iph)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
@@ -408,26 +529,15 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	svc = find_route(dst, key_tail(ports >> 16, iph->protocol, LB_FAMILY_V4));
 	if (!svc)
 		return count(LB_STAT_PASSED, XDP_PASS);
-	if (svc->hash_mode == LB_HASH_CLIENT_IP) {
-		p->hash = hash4(iph->saddr);
-	} else {
-		/* Without ports, a fragment can only follow its client's address. */
-		if (fragment)
-			return count(LB_DROP_FRAGMENT, XDP_DROP);
-		p->hash = hash16((__u64)iph->saddr | (__u64)iph->daddr << 32, (__u64)ports | (__u64)iph->protocol << 32);
-	}
+	/* Without ports, a fragment can only follow its client's address. */
+	if (svc->hash_mode != LB_HASH_CLIENT_IP && fragment)
+		return count(LB_DROP_FRAGMENT, XDP_DROP);
 	/* A fragment without ports cannot be told apart from its flow's others: the table. */
-	if ((svc->flags & LB_SVC_CONNTRACK) && !fragment) {
-		struct lb_flow_key fk = {};
-
-		fk.src[0] = iph->saddr;
-		fk.dst[0] = iph->daddr;
-		fk.sport = ports;
-		fk.dport = ports >> 16;
-		fk.proto = iph->protocol;
-		fk.family = LB_FAMILY_V4;
-		return tracked(p, svc, &fk, tcp_flags);
-	}
+	if (!fragment && (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)))
+		h = hash16_64((__u64)iph->saddr | (__u64)iph->daddr << 32, (__u64)ports | (__u64)iph->protocol << 32);
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : (__u32)h;
+	if ((svc->flags & LB_SVC_CONNTRACK) && !fragment)
+		return tracked(p, svc, h, iph->protocol, tcp_flags);
 	return forward(p, svc);
 }
 
@@ -439,7 +549,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	const struct lb_service *svc;
 	__u32 ports = 0, dst[4];
 	__u8 tcp_flags = 0;
-	__u64 l[5];
+	__u64 l[5], h = 0;
 	enum l4 l4;
 
 	if (!ip6)
@@ -463,23 +573,13 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (!svc)
 		return count(LB_STAT_PASSED, XDP_PASS);
 	__builtin_memcpy(l, &ip6->saddr, 32); /* source, then destination: lanes 0-3 */
-	if (svc->hash_mode == LB_HASH_CLIENT_IP) {
-		p->hash = hash16(l[0], l[1]);
-	} else {
+	if (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)) {
 		l[4] = (__u64)ports | (__u64)ip6->nexthdr << 32;
-		p->hash = hash40(l);
+		h = hash40_64(l);
 	}
-	if (svc->flags & LB_SVC_CONNTRACK) {
-		struct lb_flow_key fk = {};
-
-		__builtin_memcpy(fk.src, &ip6->saddr, 16);
-		__builtin_memcpy(fk.dst, dst, 16);
-		fk.sport = ports;
-		fk.dport = ports >> 16;
-		fk.proto = ip6->nexthdr;
-		fk.family = LB_FAMILY_V6;
-		return tracked(p, svc, &fk, tcp_flags);
-	}
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
+	if (svc->flags & LB_SVC_CONNTRACK)
+		return tracked(p, svc, h, ip6->nexthdr, tcp_flags);
 	return forward(p, svc);
 }
 

@@ -88,42 +88,35 @@ enum lb_service_flags {
 	LB_SVC_CONNTRACK = 1, /* established flows keep their backend through the flows map */
 };
 
-/* Key of the flows map: a flow's 5-tuple as in the packet (IPv4 uses src[0] and dst[0]). */
-struct lb_flow_key {
-	__be32 src[4];
-	__be32 dst[4];
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u8 family;
-	__u8 pad[2];
+/* The flow table: which backend each tracked flow started on. A set-associative array rather
+ * than a hash map, so that a lookup touches one cache line: the flow's 64-bit hash picks a bucket
+ * of LB_FLOW_WAYS slots (64 bytes, aligned), and a slot holds the hash itself as the flow's tag
+ * instead of its 37-byte 5-tuple. A flow may also live in a second bucket, read only when the
+ * first does not hold it (two choices: a full bucket spills instead of forgetting flows). Shared by all CPUs (a flow's packets may arrive on any of
+ * them), so there are no per-CPU copies to fall out of date. Two of them, of the same slots:
+ * `flows`, the established flows, and `flow_pending`, flows seen once (a SYN; a first UDP
+ * datagram), which become established at their next packet. A flood of spoofed first packets
+ * fills only flow_pending and never evicts an established flow (see README, "Connection
+ * tracking"). User space sizes both and sets the masks in struct lb_config. */
+enum lb_flow_table_layout {
+	LB_FLOW_WAYS = 4,
 };
 
-/* Each CPU's cache in front of the flows map: a direct-mapped array indexed by the flow's hash.
- * A hit costs an inlined array read and a key compare instead of a hash-map lookup; a miss
- * falls through to the flows map, which stays the authority. Per CPU, so an entry is never
- * written by two CPUs at once. Every change to the flows map (an entry made, remade or ended)
- * advances a global epoch, and a cached copy counts only in the epoch it was made: no CPU ever
- * serves a flow from a copy older than the map. */
-enum lb_flow_cache_layout {
-	LB_FLOW_CACHE_SIZE = 1 << 16,
-};
-
-/* Value of the flows map: the backend a flow started on. The entry counts only while that
- * backend id is alive and still has generation `gen` (ids are reused for other backends). */
+/* A slot of the flow tables. `tag` is the flow's 64-bit hash (README, "Flow hash", before it
+ * is cut to 32 bits) with bit 0 set; 0 is a free slot. The first bucket is picked by the hash's
+ * bits 32 and up, the second by bits 8 to 31, so a tag alone says where its slot belongs in a
+ * table of any size. backend, gen
+ * and seen are written and read as one 8-byte word; a writer first claims the slot by setting
+ * its tag to 0 (compare-and-swap), and a reader checks the tag again after reading the word. */
 struct lb_flow {
-	__u32 backend;
-	__u32 gen;
-	__u64 seen; /* lb_config.clock_ms when last refreshed */
+	__u64 tag;
+	__u16 backend; /* backend id (ids are below LB_MAX_BACKENDS = 65536) */
+	__u16 gen;     /* the low 16 bits of the id's generation when the flow started: the entry
+			* counts only while backend_gen still says so (ids are reused) */
+	__u32 seen;    /* lb_config.clock_ms / 16 when last refreshed (wraps after two years) */
 #ifdef LB_LAYOUT_TEST
 	__u64 layout_test; /* only in the build the upgrade test makes (cargo feature layout-test) */
 #endif
-};
-
-struct lb_flow_cached {
-	struct lb_flow_key key;
-	struct lb_flow flow;
-	__u64 epoch; /* lb_ct_epoch when copied from the flows map; stale once it moves */
 };
 
 /* Value of the table_slots array: the backend ids of two consecutive slots (0 = empty). */
@@ -195,6 +188,10 @@ struct lb_config {
 	__be32 encap_src6[4];
 	__be32 encap_src6_vary;
 	__u32 mtu; /* the interface's MTU: an encapsulated packet longer than this is not sent */
+	__u32 ct_mask;         /* buckets of `flows` - 1 (a power of two) */
+	__u32 ct_pending_mask; /* buckets of `flow_pending` - 1 */
+	__u32 ct_guard;        /* 1: a flow is tracked from its second packet, through flow_pending;
+				* 0: from its first (a SYN flood can then wash out established flows) */
 };
 
 /* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason.
@@ -209,13 +206,15 @@ enum lb_stat {
 	LB_DROP_NO_TABLE,      /* a route whose table lies outside table_slots (never expected) */
 	LB_CT_HIT,             /* a tracked flow went to its own backend */
 	LB_CT_MISS,            /* no entry: the table decided */
-	LB_CT_NEW,             /* an entry was made (or remade, for a stale one) */
+	LB_CT_NEW,             /* an established entry was made (or remade, for a stale one) */
 	LB_CT_STALE,           /* an entry whose backend is gone, unhealthy or expired: re-hashed */
 	LB_STAT_TOO_BIG,       /* too long once encapsulated: answered with ICMP frag-needed / packet too big */
 	LB_DROP_OVERSIZE,      /* too long once encapsulated, and fragmentation allowed: dropped */
 	LB_DROP_ENCAP,         /* the frame could not be grown for the outer headers, or no outer address */
 	LB_ICMP_FORWARDED,     /* an ICMP error about a service's flow, sent to that flow's backend
 				* (also counted as forwarded traffic of the backend) */
+	LB_CT_PENDING,         /* a flow's first packet was recorded in flow_pending */
+	LB_CT_EVICTED,         /* an established flow was forgotten to make room for another */
 	LB_STAT_MAX,
 };
 

@@ -46,28 +46,28 @@ struct {
 	__type(value, struct lb_slot_pair);
 } table_slots SEC(".maps");
 
-/* Tracked flows -> the backend each started on. One LRU hash shared by all CPUs, not per-CPU:
- * the packets of one flow can arrive on different CPUs (RSS re-steering, a different receive
- * queue after a link change), and a per-CPU entry would be missed there and re-hashed. Several
- * load balancers behind ECMP do not share it at all; there the table, which they all compute
- * alike, keeps new flows consistent. User space sizes it (--conntrack-size). */
+/* Established flows -> the backend each started on (lb.h, struct lb_flow): buckets of
+ * LB_FLOW_WAYS consecutive slots. Memory-mappable, so its values start on a page and every
+ * bucket is one aligned cache line. One table shared by all CPUs: the packets of one flow can
+ * arrive on different CPUs (RSS re-steering, a different receive queue after a link change).
+ * Several load balancers behind ECMP do not share it at all; there the table, which they all
+ * compute alike, keeps new flows consistent. User space sizes it (--conntrack-size). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1);
-	__type(key, struct lb_flow_key);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_FLOW_WAYS);
+	__type(key, __u32);
 	__type(value, struct lb_flow);
 } flows SEC(".maps");
 
-/* Advanced by every change to the flows map; see struct lb_flow_cached. */
-__u64 lb_ct_epoch = 0;
-
-/* Each CPU's direct-mapped cache of the flows map (see lb.h). */
+/* Flows seen once (half-open), the same way; user space sizes it too. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_FLOW_CACHE_SIZE);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_FLOW_WAYS);
 	__type(key, __u32);
-	__type(value, struct lb_flow_cached);
-} flow_cache SEC(".maps");
+	__type(value, struct lb_flow);
+} flow_pending SEC(".maps");
 
 /* Backend id -> its generation, bumped each time the id is given to a backend. */
 struct {
@@ -154,7 +154,7 @@ const volatile enum lb_family lb_family_btf = LB_FAMILY_V4;
 const volatile enum lb_backend_flags lb_backend_flags_btf = LB_BACKEND_MAC_KNOWN;
 const volatile enum lb_vip_index_layout lb_vip_index_layout_btf = LB_VIP_INDEX_BITS;
 const volatile enum lb_service_flags lb_service_flags_btf = LB_SVC_CONNTRACK;
-const volatile enum lb_flow_cache_layout lb_flow_cache_layout_btf = LB_FLOW_CACHE_SIZE;
+const volatile enum lb_flow_table_layout lb_flow_table_layout_btf = LB_FLOW_WAYS;
 const volatile enum lb_forward lb_forward_btf = LB_FWD_L2;
 
 static __always_inline int count(__u32 stat, int action)

@@ -62,8 +62,22 @@ pub struct Dataplane {
     gens: HashMap<u32, u32>,
 }
 
-/// Flow-table entries by default (`--conntrack-size`): 262,144, about 30 MiB of kernel memory.
+/// Flow-table entries by default (`--conntrack-size`): 262,144, 4 MiB of kernel memory (and
+/// 1 MiB for the half-open flows).
 pub const DEFAULT_CONNTRACK_SIZE: u32 = 1 << 18;
+
+/// The slots of the flow table for `--conntrack-size N`: N rounded up to a power of two (at
+/// least one bucket), so that a flow's bucket is a mask of its hash.
+pub fn flow_table_slots(conntrack_size: u32) -> u32 {
+    conntrack_size.max(FLOW_WAYS).next_power_of_two()
+}
+
+/// The slots of the half-open table next to a flow table of `slots`: a quarter, at least 4096.
+pub fn pending_table_slots(slots: u32) -> u32 {
+    (slots / 4).max(4096)
+}
+
+const FLOW_WAYS: u32 = types::lb_flow_table_layout::LB_FLOW_WAYS.0 as u32;
 /// A tracked TCP flow idle this long is forgotten.
 pub const DEFAULT_CT_TCP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// A tracked UDP flow idle this long is forgotten.
@@ -104,10 +118,15 @@ impl Dataplane {
             .table_slots
             .set_max_entries(table_capacity.div_ceil(2))
             .with_context(|| format!("sizing the destination tables to {table_capacity} slots"))?;
+        let flow_slots = flow_table_slots(conntrack_size);
         open.maps
             .flows
-            .set_max_entries(conntrack_size.max(1))
-            .with_context(|| format!("sizing the flow table to {conntrack_size} entries"))?;
+            .set_max_entries(flow_slots)
+            .with_context(|| format!("sizing the flow table to {flow_slots} entries"))?;
+        open.maps
+            .flow_pending
+            .set_max_entries(pending_table_slots(flow_slots))
+            .context("sizing the half-open flow table")?;
         let mut fresh = Vec::new();
         if let Some(r) = reuse {
             fresh = reuse_maps(&mut open, r)?;
@@ -132,8 +151,29 @@ impl Dataplane {
         };
         if reuse.is_none() || fresh.contains(&"bss") {
             dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
+            dp.set_conntrack_guard(true)?;
             dp.set_mtu(1500)?;
         }
+        // From the maps as loaded (a reused one keeps its pinned size).
+        let buckets = |m: &libbpf_rs::MapMut<'_>| -> Result<u32> {
+            Ok(m.info()?.info.max_entries / FLOW_WAYS)
+        };
+        let (ct, pending) = (
+            buckets(&dp.skel.maps.flows)?,
+            buckets(&dp.skel.maps.flow_pending)?,
+        );
+        anyhow::ensure!(
+            ct.is_power_of_two() && pending.is_power_of_two(),
+            "the flow tables' sizes are not powers of two"
+        );
+        let bss = dp
+            .skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .context("the program's .bss is not memory-mapped")?;
+        bss.lb_settings.ct_mask = ct - 1;
+        bss.lb_settings.ct_pending_mask = pending - 1;
         dp.tick()?;
         Ok((dp, fresh))
     }
@@ -154,6 +194,20 @@ impl Dataplane {
         let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
         bss.lb_settings.ct_tcp_timeout_ms = tcp.as_millis() as u64;
         bss.lb_settings.ct_udp_timeout_ms = udp.as_millis() as u64;
+        Ok(())
+    }
+
+    /// On (the default): a flow gets an established flow-table entry at its second packet, and
+    /// its first waits in the half-open table, so that spoofed first packets (a SYN flood)
+    /// never evict established flows. Off: at its first packet, as a plain LRU would.
+    pub fn set_conntrack_guard(&mut self, on: bool) -> Result<()> {
+        let bss = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .context("the program's .bss is not memory-mapped")?;
+        bss.lb_settings.ct_guard = on as u32;
         Ok(())
     }
 
@@ -668,7 +722,7 @@ pub const PINNED_MAPS: [&str; 15] = [
     "lb_meta",
     "bss",
     "flows",
-    "flow_cache",
+    "flow_pending",
     "stats",
     "backend_traffic",
 ];
@@ -711,7 +765,7 @@ fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'static str, &
         ("lb_meta", &mut m.lb_meta),
         ("bss", &mut m.bss),
         ("flows", &mut m.flows),
-        ("flow_cache", &mut m.flow_cache),
+        ("flow_pending", &mut m.flow_pending),
         ("stats", &mut m.stats),
         ("backend_traffic", &mut m.backend_traffic),
     ]
@@ -732,7 +786,7 @@ fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'a libbpf_rs
         ("lb_meta", &m.lb_meta),
         ("bss", &m.bss),
         ("flows", &m.flows),
-        ("flow_cache", &m.flow_cache),
+        ("flow_pending", &m.flow_pending),
         ("stats", &m.stats),
         ("backend_traffic", &m.backend_traffic),
     ]
@@ -801,7 +855,7 @@ fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<Vec<&'static
         }
         let pinned = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
         let info = pinned.info()?.info;
-        let sized = name == "table_slots" || name == "flows";
+        let sized = name == "table_slots" || name == "flows" || name == "flow_pending";
         let same_shape = info.type_ == map.map_type() as u32
             && info.key_size == map.key_size()
             && info.value_size == map.value_size()
@@ -818,9 +872,7 @@ fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<Vec<&'static
                     && signature(old, info.btf_value_type_id.into(), 0) == signature(new, v.into(), 0)
             }
         };
-        // The flow cache's copies are only valid under the epoch in .bss that made them.
-        let cache_orphaned = name == "flow_cache" && fresh.contains(&"bss");
-        if same_shape && same_layout && !cache_orphaned {
+        if same_shape && same_layout {
             if sized {
                 map.set_max_entries(info.max_entries)?;
             }
@@ -901,22 +953,62 @@ impl Dataplane {
     /// member names, once before `switch` (which replaces the old program) and once after it,
     /// for the flows the old program made in between. Entries already present are left alone.
     /// Returns how many were copied.
-    pub fn carry_flows(&self, path: &std::path::Path, old_prog_id: u32, switch: impl FnOnce() -> Result<()>) -> Result<u64> {
-        let old_map = libbpf_rs::MapHandle::from_pinned_path(path)?;
-        let info = old_map.info()?.info;
+    pub fn carry_flows(
+        &self,
+        path: &std::path::Path,
+        old_prog_id: u32,
+        switch: impl FnOnce() -> Result<()>,
+    ) -> Result<u64> {
         // Read before the switch: the old program, and its BTF's last holder, goes with it.
-        let old_btf = libbpf_rs::btf::Btf::from_prog_id(old_prog_id).context("reading the pinned program's BTF")?;
-        let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?).context("reading this program's BTF")?;
-        let new = &self.skel.maps.flows;
-        let new_info = new.info()?.info;
+        let old_btf = libbpf_rs::btf::Btf::from_prog_id(old_prog_id)
+            .context("reading the pinned program's BTF")?;
+        let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?)
+            .context("reading this program's BTF")?;
+        let mut tables = vec![(
+            libbpf_rs::MapHandle::from_pinned_path(path)?,
+            &self.skel.maps.flows,
+        )];
+        // The half-open flows too, when the old version had them.
+        if let Ok(old) = libbpf_rs::MapHandle::from_pinned_path(path.with_file_name("flow_pending"))
+        {
+            tables.push((old, &self.skel.maps.flow_pending));
+        }
         let copy = || -> Result<u64> {
             let mut copied = 0;
-            for k in old_map.keys() {
-                let Some(v) = old_map.lookup(&k, MapFlags::ANY)? else { continue };
-                let key = convert(&k, &old_btf, info.btf_key_type_id, &new_btf, new_info.btf_key_type_id, new_info.key_size as usize);
-                let value = convert(&v, &old_btf, info.btf_value_type_id, &new_btf, new_info.btf_value_type_id, new_info.value_size as usize);
-                if new.update(&key, &value, MapFlags::NO_EXIST).is_ok() {
-                    copied += 1;
+            for (old, new) in &tables {
+                let info = old.info()?.info;
+                let new_info = new.info()?.info;
+                let convert_slot = |v: &[u8]| {
+                    convert(
+                        v,
+                        &old_btf,
+                        info.btf_value_type_id,
+                        &new_btf,
+                        new_info.btf_value_type_id,
+                        new_info.value_size as usize,
+                    )
+                };
+                let mut put = |slot: Vec<u8>| -> Result<()> {
+                    copied += put_flow(*new, new_info.max_entries / FLOW_WAYS, &slot)? as u64;
+                    Ok(())
+                };
+                if info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY {
+                    for (_, v) in old.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+                        if v.len() >= 8 && v[..8] != [0; 8] {
+                            put(convert_slot(&v))?;
+                        }
+                    }
+                } else {
+                    // A version before the set-associative table: an LRU hash keyed by the
+                    // 5-tuple (lb_flow_key), valued {backend u32, gen u32, seen_ms u64}.
+                    for k in old.keys() {
+                        let Some(v) = old.lookup(&k, MapFlags::ANY)? else {
+                            continue;
+                        };
+                        if let Some(slot) = slot_from_keyed(&k, &v, new_info.value_size as usize) {
+                            put(slot)?;
+                        }
+                    }
                 }
             }
             Ok(copied)
@@ -926,9 +1018,26 @@ impl Dataplane {
         Ok(before + copy()?)
     }
 
-    /// The number of entries of the flow table (walks its keys).
-    pub fn flow_count(&self) -> u64 {
-        self.skel.maps.flows.keys().count() as u64
+    /// The number of established flows in the flow table (walks it).
+    pub fn flow_count(&self) -> Result<u64> {
+        count_flows(&self.skel.maps.flows)
+    }
+
+    /// The established flows: (slot, tag, backend id), for tests and tools.
+    pub fn flow_slots(&self) -> Result<Vec<(u32, u64, u32)>> {
+        let mut out = Vec::new();
+        for (k, v) in self
+            .skel
+            .maps
+            .flows
+            .lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)?
+        {
+            let f = value_of::<types::lb_flow>(&v);
+            if f.tag != 0 {
+                out.push((value_of::<u32>(&k), f.tag, f.backend as u32));
+            }
+        }
+        Ok(out)
     }
 
     pub fn program_id(&self) -> Result<u32> {
@@ -1089,7 +1198,7 @@ impl CounterMaps {
 
     /// Entries in the flow table, counted by walking it in batches.
     pub fn flow_entries(&self) -> Result<u64> {
-        Ok(self.flows.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)?.count() as u64)
+        count_flows(&self.flows)
     }
 }
 
@@ -1287,9 +1396,77 @@ fn drop_counters() -> [(&'static str, types::lb_stat); 8] {
     ]
 }
 
-fn ct_counters() -> [(&'static str, types::lb_stat); 4] {
+fn ct_counters() -> [(&'static str, types::lb_stat); 6] {
     use types::lb_stat as S;
-    [("hit", S::LB_CT_HIT), ("miss", S::LB_CT_MISS), ("new", S::LB_CT_NEW), ("stale", S::LB_CT_STALE)]
+    [
+        ("hit", S::LB_CT_HIT),
+        ("miss", S::LB_CT_MISS),
+        ("new", S::LB_CT_NEW),
+        ("stale", S::LB_CT_STALE),
+        ("pending", S::LB_CT_PENDING),
+        ("evicted", S::LB_CT_EVICTED),
+    ]
+}
+
+/// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into a free slot of the buckets its
+/// tag names; false when the flow is there already or the bucket is full.
+fn put_flow(map: &dyn MapCore, buckets: u32, slot: &[u8]) -> Result<bool> {
+    let tag = u64::from_ne_bytes(slot[..8].try_into()?);
+    let first = crate::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
+    let second = crate::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
+    for i in (first..first + FLOW_WAYS).chain(second..second + FLOW_WAYS) {
+        let cur = map
+            .lookup(&i.to_ne_bytes(), MapFlags::ANY)?
+            .unwrap_or_default();
+        let cur_tag = cur
+            .get(..8)
+            .map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+        if cur_tag == tag {
+            return Ok(false);
+        }
+        if cur_tag == 0 {
+            map.update(&i.to_ne_bytes(), slot, MapFlags::ANY)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A slot for an entry of the flow table's earlier form (an LRU hash: key struct lb_flow_key
+/// {src[16], dst[16], sport, dport, proto, family, pad[2]}; value {backend u32, gen u32,
+/// seen_ms u64}), in a slot of `size` bytes.
+fn slot_from_keyed(k: &[u8], v: &[u8], size: usize) -> Option<Vec<u8>> {
+    if k.len() < 38 || v.len() < 16 || size < 16 {
+        return None;
+    }
+    let addr = |b: &[u8]| -> Option<IpAddr> {
+        match k[37] {
+            4 => Some(IpAddr::from(<[u8; 4]>::try_from(&b[..4]).ok()?)),
+            6 => Some(IpAddr::from(<[u8; 16]>::try_from(&b[..16]).ok()?)),
+            _ => None,
+        }
+    };
+    let (src, dst) = (addr(&k[0..16])?, addr(&k[16..32])?);
+    let port = |i: usize| u16::from_be_bytes([k[i], k[i + 1]]);
+    let tag = crate::flowhash::flow_tag(src, dst, port(32), port(34), k[36]);
+    let backend = u32::from_ne_bytes(v[0..4].try_into().ok()?);
+    let gen = u32::from_ne_bytes(v[4..8].try_into().ok()?);
+    let seen_ms = u64::from_ne_bytes(v[8..16].try_into().ok()?);
+    let mut slot = vec![0u8; size];
+    slot[0..8].copy_from_slice(&tag.to_ne_bytes());
+    slot[8..10].copy_from_slice(&(backend as u16).to_ne_bytes());
+    slot[10..12].copy_from_slice(&(gen as u16).to_ne_bytes());
+    slot[12..16].copy_from_slice(&((seen_ms >> 4) as u32).to_ne_bytes());
+    Some(slot)
+}
+
+/// Slots of a flow table (lb.h, struct lb_flow) that hold a flow: a nonzero tag.
+fn count_flows(m: &dyn MapCore) -> Result<u64> {
+    let mut n = 0;
+    for (_, v) in m.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+        n += (v.len() >= 8 && v[..8] != [0; 8]) as u64;
+    }
+    Ok(n)
 }
 
 fn percpu_sum(m: &dyn MapCore, key: u32) -> Result<u64> {
@@ -1326,7 +1503,7 @@ fn plane_status(src: &dyn MapSource) -> Result<crate::stats::PlaneStatus> {
     let mut out = PlaneStatus {
         passed: percpu_sum(stats, types::lb_stat::LB_STAT_PASSED.0)?,
         icmp_forwarded: percpu_sum(stats, types::lb_stat::LB_ICMP_FORWARDED.0)?,
-        flows: src.map("flows")?.keys().count() as u64,
+        flows: count_flows(src.map("flows")?)?,
         flow_capacity: map_info(src.map("flows")?)?.max_entries,
         ..Default::default()
     };

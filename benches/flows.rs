@@ -1,0 +1,282 @@
+//! Nanoseconds per packet over a working set of distinct flows, the way a real link delivers
+//! them: every packet another flow, round-robin over W flows, with a share of TCP SYNs of flows
+//! never seen before. BPF_PROG_TEST_RUN one run per packet (benches/xdp.rs's `repeat` runs one
+//! packet over and over, which keeps every lookup in the CPU's caches: the best case). The
+//! method itself costs about the same on every call, so the floor program (swap MACs, XDP_TX)
+//! is measured the same way on the same packets, and the figures that matter are the
+//! differences: lb over the floor, and tracking over no tracking.
+//!
+//! Needs root. `cargo bench --bench flows -- [--flows W,W..] [--new PCT,PCT..] [--packets N]
+//! [--conntrack-size N]`; defaults: W = 1, 1000, 100000, 1000000; new = 0, 1, 10 (percent);
+//! 400,000 measured packets per figure (at least twice W); the default flow table
+//! (`--conntrack-size`, 262,144 entries), as a user gets it. Under `cargo test --benches` it runs a small smoke set.
+//!
+//! Before a working set is measured, a SYN and an ACK of each of its flows make its flow-table
+//! entry (for tracked services), so its packets are tracked hits unless the table lost them. The hit share
+//! is printed with the figures.
+
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::ProgramInput;
+
+use lb::config::parse_str;
+use lb::dataplane::{types, Dataplane};
+
+#[allow(
+    clippy::all,
+    dead_code,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals
+)]
+mod floor {
+    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+}
+
+/// Port 80: tracked; 81: the same service untracked; 82/83: the same by IPIP. The L2 rows and
+/// the IPIP rows run on two data planes loaded from this pool.
+const POOL: &str = "services:
+  - name: ct
+    vip: 10.99.0.100
+    port: 80
+    hash: flow
+    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
+  - name: plain
+    vip: 10.99.0.100
+    port: 81
+    hash: flow
+    conntrack: off
+    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
+  - name: ipip-ct
+    vip: 10.99.0.100
+    port: 82
+    hash: flow
+    forward: ipip
+    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
+  - name: ipip
+    vip: 10.99.0.100
+    port: 83
+    hash: flow
+    forward: ipip
+    conntrack: off
+    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
+";
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+
+/// Ethernet + IPv4 + TCP + 8 bytes, to the VIP; the flow is set by [`set_flow`].
+fn template(dport: u16) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x99, 0x08, 0x00];
+    f.extend_from_slice(&[
+        0x45, 0, 0, 48, 0, 1, 0x40, 0, 64, 6, 0, 0, 0, 0, 0, 0, 10, 99, 0, 100,
+    ]);
+    let mut tcp = vec![0u8; 20];
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+    tcp[12] = 5 << 4;
+    f.extend_from_slice(&tcp);
+    f.extend_from_slice(b"payload!");
+    f
+}
+
+/// Working-set flow `i` comes from 172.16.0.0/12, fresh flow `i` from 11.0.0.0/8: never the same.
+fn set_flow(f: &mut [u8], fresh: bool, i: u64, flags: u8) {
+    let base: u32 = if fresh { 0x0b00_0000 } else { 0xac10_0000 };
+    let src = base | ((i >> 10) as u32 & 0x000f_ffff);
+    f[26..30].copy_from_slice(&src.to_be_bytes());
+    f[34..36].copy_from_slice(&(1024 + (i & 1023) as u16).to_be_bytes());
+    f[47] = flags;
+}
+
+struct Args {
+    flows: Vec<u64>,
+    new: Vec<u64>,
+    packets: u64,
+    conntrack_size: u32,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let argv: Vec<String> = std::env::args().collect();
+    let quick = !argv.iter().any(|a| a == "--bench");
+    let mut a = if quick {
+        Args {
+            flows: vec![1, 1000],
+            new: vec![0, 10],
+            packets: 4000,
+            conntrack_size: 1 << 14,
+        }
+    } else {
+        Args {
+            flows: vec![1, 1000, 100_000, 1_000_000],
+            new: vec![0, 1, 10],
+            packets: 400_000,
+            conntrack_size: lb::dataplane::DEFAULT_CONNTRACK_SIZE,
+        }
+    };
+    let list = |v: &str| {
+        v.split(',')
+            .map(|x| x.replace('_', "").parse::<u64>())
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let mut it = argv.iter().skip(1);
+    while let Some(k) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("{k} needs a value"))
+        };
+        match k.as_str() {
+            "--flows" => a.flows = list(&val()?)?,
+            "--new" => a.new = list(&val()?)?,
+            "--packets" => a.packets = val()?.parse()?,
+            "--conntrack-size" => a.conntrack_size = val()?.parse()?,
+            _ => {}
+        }
+    }
+    anyhow::ensure!(a.new.iter().all(|&n| n <= 100), "--new is a percentage");
+    anyhow::ensure!(
+        a.flows.iter().all(|&w| w >= 1),
+        "--flows must be at least 1"
+    );
+    Ok(a)
+}
+
+fn ns(d: Duration) -> f64 {
+    d.as_nanos() as f64
+}
+
+/// What one pass measured: mean ns per packet, and the share of tracked hits.
+struct Pass {
+    ns: f64,
+    hits: f64,
+}
+
+/// Sends `packets` packets to `dport`: round-robin over the working set of `w` flows (ACKs),
+/// every `every`-th one instead a SYN of a never-seen flow numbered from `*fresh`. `run`
+/// runs one packet and gives (XDP action, in-kernel time).
+fn pass(
+    dp: &Dataplane,
+    dport: u16,
+    w: u64,
+    every: u64,
+    packets: u64,
+    fresh: &mut u64,
+    run: &dyn Fn(&[u8]) -> anyhow::Result<(u32, Duration)>,
+) -> anyhow::Result<Pass> {
+    use types::lb_stat as S;
+    let mut f = template(dport);
+    let hits0 = dp.stat(S::LB_CT_HIT)?;
+    let mut total = 0.0;
+    for k in 0..packets {
+        if every != 0 && k % every == every - 1 {
+            set_flow(&mut f, true, *fresh, SYN);
+            *fresh += 1;
+        } else {
+            set_flow(&mut f, false, k % w, ACK);
+        }
+        let (action, d) = run(&f)?;
+        anyhow::ensure!(action == 3, "port {dport}: XDP action {action}, not XDP_TX");
+        total += ns(d);
+    }
+    Ok(Pass {
+        ns: total / packets as f64,
+        hits: (dp.stat(S::LB_CT_HIT)? - hits0) as f64 / packets as f64,
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        println!("flows benchmark skipped: BPF_PROG_TEST_RUN needs root (CAP_BPF)");
+        return Ok(());
+    }
+    let a = args()?;
+    let pool = parse_str("bench.yaml", POOL)?;
+    // One data plane per forwarding mode, so that each one's flow table holds W flows, not 2 W.
+    let load = || -> anyhow::Result<Dataplane> {
+        let mut dp =
+            Dataplane::load_sized(lb::dataplane::DEFAULT_TABLE_CAPACITY, a.conntrack_size)?;
+        dp.set_encap_sources(Some(("10.99.0.2".parse()?, 32)), None)?;
+        dp.install(&pool, [0x02, 0, 0, 0, 0, 1], &|addr| match addr {
+            std::net::IpAddr::V4(v4) => Some([0x02, 0xbb, 0, 0, 0, v4.octets()[3]]),
+            std::net::IpAddr::V6(_) => None,
+        })?;
+        Ok(dp)
+    };
+    let (l2, ipip) = (load()?, load()?);
+    let mut floor_obj = MaybeUninit::uninit();
+    let floor = floor::FloorSkelBuilder::default()
+        .open(&mut floor_obj)?
+        .load()?;
+    let run_floor = |f: &[u8]| -> anyhow::Result<(u32, Duration)> {
+        let out = floor.progs.floor_xdp.test_run(ProgramInput {
+            data_in: Some(f),
+            repeat: 1,
+            ..Default::default()
+        })?;
+        Ok((out.return_value, out.duration))
+    };
+    let run_l2 = |f: &[u8]| l2.test_run_repeat(f, 1);
+    let run_ipip = |f: &[u8]| ipip.test_run_repeat(f, 1);
+
+    println!("XDP per-packet cost over a working set of flows: BPF_PROG_TEST_RUN, one run per packet, round-robin;");
+    println!("{} packets per figure (at least 2 W); flow table of {} entries. ns per packet, each including the", a.packets, a.conntrack_size);
+    println!(
+        "method's own cost, which the floor row measures; 'ct cost' is conntrack on minus off."
+    );
+    println!(
+        "{:>9} {:>5} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
+        "flows",
+        "new%",
+        "floor",
+        "L2 off",
+        "L2 on",
+        "ct cost",
+        "hits",
+        "IPIP off",
+        "IPIP on",
+        "ct cost",
+        "hits"
+    );
+    let mut fresh = 0u64;
+    for &w in &a.flows {
+        // The working set's entries, for both tracked services.
+        let mut f80 = template(80);
+        let mut f82 = template(82);
+        for i in 0..w {
+            // A handshake's SYN, then its ACK: the flow is established.
+            for flags in [SYN, ACK] {
+                set_flow(&mut f80, false, i, flags);
+                set_flow(&mut f82, false, i, flags);
+                l2.test_run_repeat(&f80, 1)?;
+                ipip.test_run_repeat(&f82, 1)?;
+            }
+        }
+        for &new in &a.new {
+            let every = if new == 0 { 0 } else { 100 / new };
+            let packets = a.packets.max(2 * w);
+            // Interleaved rows in one round each; the floor first.
+            let fl = pass(&l2, 81, w, every, packets, &mut fresh, &run_floor)?;
+            let l2_off = pass(&l2, 81, w, every, packets, &mut fresh, &run_l2)?;
+            let l2_on = pass(&l2, 80, w, every, packets, &mut fresh, &run_l2)?;
+            let ip_off = pass(&ipip, 83, w, every, packets, &mut fresh, &run_ipip)?;
+            let ip_on = pass(&ipip, 82, w, every, packets, &mut fresh, &run_ipip)?;
+            println!(
+                "{:>9} {:>5} {:>7.0} {:>8.0} {:>8.0} {:>+8.0} {:>5.0}% {:>8.0} {:>8.0} {:>+8.0} {:>5.0}%",
+                w,
+                new,
+                fl.ns,
+                l2_off.ns,
+                l2_on.ns,
+                l2_on.ns - l2_off.ns,
+                l2_on.hits * 100.0,
+                ip_off.ns,
+                ip_on.ns,
+                ip_on.ns - ip_off.ns,
+                ip_on.hits * 100.0
+            );
+        }
+    }
+    Ok(())
+}
