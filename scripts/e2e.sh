@@ -373,6 +373,61 @@ test_conntrack_keeps_established_connections_through_pool_changes() { # MODE
     say "$(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
 }
 
+# A spoofed-source SYN flood at the VIP while 200 long-lived tracked connections run and every
+# backend is reweighted and one added. GUARD on (lb's default): no connection breaks, and new
+# connections made during the flood succeed. GUARD off: the same flood washes the flow table
+# out and the reweight breaks established connections; the test then asserts that they broke,
+# so that it proves the guard does something.
+test_conntrack_a_syn_flood_breaks_no_established_connection() { # MODE GUARD
+    local guard=$2
+    setup "$1" 4
+    web_pool "$WORK/pool.yaml" "1:1 2:1 3:1" maglev
+    # A flow table of 65,536 slots: a flood of millions of sources overflows it many times.
+    start_lb "$1" --conntrack-size 65536 --conntrack-guard "$guard" --stats-interval 1
+    # The generator: its own port on the switch (XDP_PASS there takes its frames in).
+    topo_link "$PREFIX" gen
+    ip -n "$PREFIX-gen" addr add 10.99.0.3/24 dev eth0
+    topo_ns "$PREFIX-sw" "$E2E" xdp-pass p-gen
+    local lbmac
+    lbmac=$(ip -n "$PREFIX-lb" link show eth0 | awk '/ether/{print $2}')
+    hold_open "$TOPO_CLIENTS4" 200 14
+    local h=$HOLD
+    ip netns exec "$PREFIX-gen" "$E2E" trafgen eth0 --dst-mac "$lbmac" --src 10.99.0.3 --dst 10.99.0.100 --dport 80 \
+        --seconds 8 --new-every 1 --cpus 0 --total >"$WORK/flood.out" &
+    local flood=$!
+    sleep 2
+    # During the flood: new connections, and a reweight of every backend plus one more.
+    probe "$WORK/during" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --first-port 30000 --count 400 &
+    local p=$!
+    sleep 1
+    web_pool "$WORK/pool.yaml" "1:3 2:2 3:1 4:2" maglev
+    wait_log "web changed" 1
+    wait "$p" || true
+    wait "$flood" || fail "the flood generator failed"
+    local rate sent ok total reached evicted
+    read -r rate sent <"$WORK/flood.out"
+    total=$(wc -l <"$WORK/during")
+    ok=$(grep -vc " FAIL " "$WORK/during" || true)
+    sleep 1.5
+    # SYNs that reached lb: recorded half-open with the guard, made into entries without it.
+    if [ "$guard" = on ]; then reached=$(last_counter pending); else reached=$(last_counter new); fi
+    evicted=$(last_counter evicted)
+    say "flood: the generator sent $sent spoofed SYNs ($rate per second), each from another source address and port;"
+    say "  $reached reached lb through the switch (about $((reached / 8)) per second); lb evicted $evicted established flows"
+    say "new connections during the flood: $ok of $total succeeded"
+    [ "$reached" -ge 1000000 ] || fail "only $reached SYNs reached lb: not a flood of a million sources"
+    if [ "$guard" = on ]; then
+        wait "$h" || { cat "$WORK/hold.log" >&2; fail "an established connection broke during the flood"; }
+        [ $((ok * 100)) -ge $((total * 99)) ] || fail "only $ok of $total new connections succeeded during the flood"
+        [ "$evicted" = 0 ] || fail "the flood evicted $evicted established flows"
+        say "guard on: $(tail -1 "$WORK/hold.log" | sed 's/^hold: //')"
+    else
+        if wait "$h"; then fail "with the guard off, no established connection broke: the test proves nothing"; fi
+        [ "$evicted" -gt 0 ] || fail "with the guard off, nothing was evicted"
+        say "guard off: $(tail -1 "$WORK/hold.log" | sed 's/^hold: //') (as expected without the guard)"
+    fi
+}
+
 # ---- encapsulation: backends behind a router (scripts/lib/topology.sh, topo_routed_up) ----
 
 # The routed pool: FORWARD for the web services, BACKENDS by number, CONNTRACK for web.
@@ -1044,6 +1099,8 @@ TESTS=(
     "test_health_http_checks_honour_the_status_range native"
     "test_conntrack_keeps_established_connections_through_pool_changes native"
     "test_conntrack_keeps_established_connections_through_pool_changes generic"
+    "test_conntrack_a_syn_flood_breaks_no_established_connection native on"
+    "test_conntrack_a_syn_flood_breaks_no_established_connection native off"
     "test_encap_tcp_udp_ipv4_ipv6_through_a_router native ipip"
     "test_encap_tcp_udp_ipv4_ipv6_through_a_router native gue"
     "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic ipip"

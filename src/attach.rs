@@ -1165,7 +1165,7 @@ impl Server<'_> {
             interface: self.ifc.name.clone(),
             xdp_mode: self.xdp_mode.clone(),
             program_id: self.dp.program_id().unwrap_or(0),
-            flow_capacity: self.plan.conntrack_size as u64,
+            flow_capacity: lb::dataplane::flow_table_slots(self.plan.conntrack_size) as u64,
             services,
         }
     }

@@ -81,7 +81,7 @@ enum Command {
         /// the SYN); its first waits in a separate half-open table, so a flood of spoofed SYNs
         /// (or first UDP datagrams) can never evict established flows. off: at its first
         /// packet, evicting the flow seen longest ago when the table is full.
-        #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off)]
+        #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
         conntrack_guard: bool,
         /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
         #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]

@@ -203,9 +203,10 @@ static __always_inline __u32 flow_slot(__u64 tag, __u32 mask, __u32 k)
 	return bucket * LB_FLOW_WAYS + (k & (LB_FLOW_WAYS - 1));
 }
 
-/* The slot of `map` holding `tag`, with its word read consistently, or NULL. The second
- * bucket's cache line is read only when the first does not hold the flow. */
-static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u64 tag, struct flow_word *out)
+/* The slot of `map` holding `tag`, with its word read consistently, or NULL. `choices`: 2 for
+ * the flow table (the second bucket's cache line is read only when the first does not hold the
+ * flow), 1 for the half-open table, which a flood churns anyway. */
+static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 choices, __u64 tag, struct flow_word *out)
 {
 #pragma unroll
 	for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
@@ -213,6 +214,8 @@ static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u64 ta
 		struct lb_flow *e = bpf_map_lookup_elem(map, &k);
 		__u64 w;
 
+		if (i >= choices * LB_FLOW_WAYS)
+			break;
 		if (!e || *(volatile __u64 *)&e->tag != tag)
 			continue;
 		w = *(volatile __u64 *)flow_word_of(e);
@@ -230,7 +233,7 @@ static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u64 ta
  * its two buckets, else the one of them seen longest ago. Returns 1 when that forgot another
  * flow. A slot another CPU is writing at the same instant is left to it (the flow is then not
  * recorded). */
-static __always_inline int flow_put(void *map, __u32 mask, __u64 tag, struct lb_flow *have, __u64 word)
+static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 tag, struct lb_flow *have, __u64 word)
 {
 	struct lb_flow *victim = have;
 	__u64 old, oldest = ~0ull;
@@ -239,9 +242,12 @@ static __always_inline int flow_put(void *map, __u32 mask, __u64 tag, struct lb_
 #pragma unroll
 		for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
 			__u32 k = flow_slot(tag, mask, i);
-			struct lb_flow *e = bpf_map_lookup_elem(map, &k);
+			struct lb_flow *e;
 			__u64 seen;
 
+			if (i >= choices * LB_FLOW_WAYS)
+				break;
+			e = bpf_map_lookup_elem(map, &k);
 			if (!e)
 				continue;
 			if (e->tag == 0) {
@@ -312,7 +318,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 	struct lb_flow *e, *pe;
 	struct flow_word f;
 
-	e = flow_find(&flows, mask, tag, &f);
+	e = flow_find(&flows, mask, 2, tag, &f);
 	if (e) {
 		if (usable(&f, proto, now)) {
 			refresh(e, &f, proto, now);
@@ -328,13 +334,13 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 		if (id == 0)
 			return XDP_DROP;
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		flow_put(&flows, mask, tag, e, flow_pack(id, gen ? *gen : 0, now));
+		flow_put(&flows, mask, 2, tag, e, flow_pack(id, gen ? *gen : 0, now));
 		count(LB_CT_NEW, 0);
 		return send(p, svc, id);
 	}
 	count(LB_CT_MISS, 0);
 	if (lb_settings.ct_guard) {
-		pe = flow_find(&flow_pending, pmask, tag, &f);
+		pe = flow_find(&flow_pending, pmask, 1, tag, &f);
 		if (pe) {
 			int stale = !usable(&f, proto, now);
 
@@ -352,14 +358,14 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 			if (first) {
 				/* A SYN sent again: where the first one went. */
 				if (stale)
-					flow_put(&flow_pending, pmask, tag, pe, flow_pack(f.backend, f.gen, now));
+					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, now));
 				else
 					count(LB_CT_HIT, 0);
 				return send(p, svc, f.backend);
 			}
 			/* The flow's next packet: established, with the backend its first went to. */
 			if (!(tcp_flags & TCP_FLAG_RST)) {
-				if (flow_put(&flows, mask, tag, NULL, flow_pack(f.backend, f.gen, now)))
+				if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(f.backend, f.gen, now)))
 					count(LB_CT_EVICTED, 0);
 				count(LB_CT_NEW, 0);
 			}
@@ -373,7 +379,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 			return XDP_DROP;
 		if (first) {
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
-			flow_put(&flow_pending, pmask, tag, pe, flow_pack(id, gen ? *gen : 0, now));
+			flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(id, gen ? *gen : 0, now));
 			count(LB_CT_PENDING, 0);
 		}
 		return send(p, svc, id);
@@ -383,7 +389,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 		return XDP_DROP;
 	if (first) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		if (flow_put(&flows, mask, tag, NULL, flow_pack(id, gen ? *gen : 0, now)))
+		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, now)))
 			count(LB_CT_EVICTED, 0);
 		count(LB_CT_NEW, 0);
 	}
@@ -402,8 +408,8 @@ static __always_inline int route_icmp(struct pkt *p, const struct lb_service *sv
 	__u32 id = 0;
 
 	if (svc->flags & LB_SVC_CONNTRACK) {
-		if ((flow_find(&flows, lb_settings.ct_mask, tag, &f) ||
-		     flow_find(&flow_pending, lb_settings.ct_pending_mask, tag, &f)) &&
+		if ((flow_find(&flows, lb_settings.ct_mask, 2, tag, &f) ||
+		     flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &f)) &&
 		    usable(&f, proto, now))
 			id = f.backend;
 	}

@@ -91,8 +91,9 @@ enum lb_service_flags {
 /* The flow table: which backend each tracked flow started on. A set-associative array rather
  * than a hash map, so that a lookup touches one cache line: the flow's 64-bit hash picks a bucket
  * of LB_FLOW_WAYS slots (64 bytes, aligned), and a slot holds the hash itself as the flow's tag
- * instead of its 37-byte 5-tuple. A flow may also live in a second bucket, read only when the
- * first does not hold it (two choices: a full bucket spills instead of forgetting flows). Shared by all CPUs (a flow's packets may arrive on any of
+ * instead of its 37-byte 5-tuple. In `flows`, a flow may also live in a second bucket, read only
+ * when the first does not hold it (two choices: a full bucket spills instead of forgetting
+ * flows); `flow_pending` uses the first bucket only. Shared by all CPUs (a flow's packets may arrive on any of
  * them), so there are no per-CPU copies to fall out of date. Two of them, of the same slots:
  * `flows`, the established flows, and `flow_pending`, flows seen once (a SYN; a first UDP
  * datagram), which become established at their next packet. A flood of spoofed first packets

@@ -11,8 +11,7 @@
  * packet is instead a SYN of a flow never sent before, from 11.0.0.0/8: 4,194,304 addresses per
  * CPU (the CPU picks the top bits), then the next source port. With `warmup`, the first 2 x
  * flows packets a CPU sends are each flow's SYN followed by its ACK: its handshake, as a
- * connection tracker sees it. The IPv4 checksum is not updated (lb does not check it; the
- * frames go nowhere else). Never loaded by lb itself. */
+ * connection tracker sees it. Never loaded by lb itself. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -82,6 +81,20 @@ int trafgen_xdp(struct xdp_md *ctx)
 	*(__be32 *)(data + 26) = bpf_htonl(src);
 	*(__be16 *)(data + 34) = bpf_htons(sport);
 	*(__u8 *)(data + 47) = flags;
+	/* The IPv4 header checksum, recomputed: a bridge or router on the way would otherwise
+	 * drop the frames. (The TCP checksum is left wrong: receivers of a flood drop it early.) */
+	{
+		__u16 *h = data + 14;
+		__u32 sum = 0;
+
+		h[5] = 0;
+#pragma unroll
+		for (int w = 0; w < 10; w++)
+			sum += h[w];
+		sum = (sum & 0xffff) + (sum >> 16);
+		sum = (sum & 0xffff) + (sum >> 16);
+		h[5] = ~sum;
+	}
 	return XDP_TX;
 }
 

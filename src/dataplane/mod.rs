@@ -77,7 +77,7 @@ pub fn pending_table_slots(slots: u32) -> u32 {
     (slots / 4).max(4096)
 }
 
-const FLOW_WAYS: u32 = types::lb_flow_table_layout::LB_FLOW_WAYS.0 as u32;
+const FLOW_WAYS: u32 = types::lb_flow_table_layout::LB_FLOW_WAYS.0;
 /// A tracked TCP flow idle this long is forgotten.
 pub const DEFAULT_CT_TCP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// A tracked UDP flow idle this long is forgotten.
@@ -964,18 +964,15 @@ impl Dataplane {
             .context("reading the pinned program's BTF")?;
         let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?)
             .context("reading this program's BTF")?;
-        let mut tables = vec![(
-            libbpf_rs::MapHandle::from_pinned_path(path)?,
-            &self.skel.maps.flows,
-        )];
+        let mut tables = vec![(libbpf_rs::MapHandle::from_pinned_path(path)?, &self.skel.maps.flows, 2)];
         // The half-open flows too, when the old version had them.
         if let Ok(old) = libbpf_rs::MapHandle::from_pinned_path(path.with_file_name("flow_pending"))
         {
-            tables.push((old, &self.skel.maps.flow_pending));
+            tables.push((old, &self.skel.maps.flow_pending, 1));
         }
         let copy = || -> Result<u64> {
             let mut copied = 0;
-            for (old, new) in &tables {
+            for (old, new, choices) in &tables {
                 let info = old.info()?.info;
                 let new_info = new.info()?.info;
                 let convert_slot = |v: &[u8]| {
@@ -989,7 +986,7 @@ impl Dataplane {
                     )
                 };
                 let mut put = |slot: Vec<u8>| -> Result<()> {
-                    copied += put_flow(*new, new_info.max_entries / FLOW_WAYS, &slot)? as u64;
+                    copied += put_flow(*new, new_info.max_entries / FLOW_WAYS, *choices, &slot)? as u64;
                     Ok(())
                 };
                 if info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY {
@@ -1409,18 +1406,15 @@ fn ct_counters() -> [(&'static str, types::lb_stat); 6] {
 }
 
 /// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into a free slot of the buckets its
-/// tag names; false when the flow is there already or the bucket is full.
-fn put_flow(map: &dyn MapCore, buckets: u32, slot: &[u8]) -> Result<bool> {
+/// tag names (two for the flow table, one for the half-open table); false when the flow is there
+/// already or the buckets are full.
+fn put_flow(map: &dyn MapCore, buckets: u32, choices: usize, slot: &[u8]) -> Result<bool> {
     let tag = u64::from_ne_bytes(slot[..8].try_into()?);
     let first = crate::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
     let second = crate::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
-    for i in (first..first + FLOW_WAYS).chain(second..second + FLOW_WAYS) {
-        let cur = map
-            .lookup(&i.to_ne_bytes(), MapFlags::ANY)?
-            .unwrap_or_default();
-        let cur_tag = cur
-            .get(..8)
-            .map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    for i in [first..first + FLOW_WAYS, second..second + FLOW_WAYS].into_iter().take(choices).flatten() {
+        let cur = map.lookup(&i.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let cur_tag = cur.get(..8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
         if cur_tag == tag {
             return Ok(false);
         }
