@@ -629,11 +629,15 @@ pub fn plan(
                 (o.base, slot_ops.len() - before)
             }
             _ => {
-                let base = st.alloc_range(s.slots).ok_or(PlanError::Capacity {
-                    needed,
-                    free: free_now,
-                    capacity: limits.capacity,
-                })?;
+                // Enough entries are free in all, but not in one piece: ranges in quarantine
+                // coalesce with their neighbours when they come back, so wait for them if any.
+                let base = match st.alloc_range(s.slots) {
+                    Some(b) => b,
+                    None => match st.retired_ranges.iter().map(|r| r.0 + QUARANTINE).max() {
+                        Some(until) => return Err(PlanError::CapacityAt { until }),
+                        None => return Err(PlanError::Capacity { needed, free: free_now, capacity: limits.capacity }),
+                    },
+                };
                 slot_ops.extend(owners.iter().enumerate().map(|(i, &id)| (base + i as u32, id)));
                 if let Some(o) = old {
                     st.retired_ranges.push((now, o.base, o.slots));
@@ -1181,6 +1185,34 @@ mod tests {
         assert_eq!(err, PlanError::CapacityAt { until: t0 + QUARANTINE });
         let back = go(&gone.state, big, t0 + QUARANTINE).expect("released and merged");
         assert_eq!(back.state.services[0].base, 0);
+    }
+
+    #[test]
+    fn enough_free_entries_in_pieces_wait_for_the_quarantine_to_merge_them() {
+        // Found by the reload soak: a change whose new range fits the free entries in all but
+        // not any one free piece was refused, though a quarantined neighbour would merge them.
+        let limits = Limits { capacity: 2000, ..LIMITS };
+        let t0 = Instant::now();
+        let go = |state: &State, services: &[(&str, u32)], now: Instant| {
+            let mut text = String::from("services:\n");
+            for (i, (name, slots)) in services.iter().enumerate() {
+                text.push_str(&format!("  - {{name: {name}, vip: 10.0.0.1, port: {}, slots: {slots}, backends: [10.0.0.2]}}\n", 80 + i));
+            }
+            let p = pool(&text);
+            let tables: Vec<Table> = p.services.iter().map(build_service).collect();
+            plan(state, &p, &tables, &limits, &index_of, now)
+        };
+        let a = go(&State::default(), &[("x", 600), ("y", 600)], t0).expect("fits");
+        let b = go(&a.state, &[("y", 600)], t0).expect("a removal");
+        // x's range [0, 600) is back; z takes 500 of it: free are [500, 600) and [1200, 2000).
+        let c = go(&b.state, &[("y", 600), ("z", 500)], t0 + QUARANTINE).expect("fits");
+        // y goes (its range [600, 1200) quarantined); then w needs 850: 900 are free, in two
+        // pieces, and the quarantined range between them will merge them.
+        let d = go(&c.state, &[("z", 500)], t0 + QUARANTINE).expect("a removal");
+        let err = go(&d.state, &[("z", 500), ("w", 850)], t0 + QUARANTINE).expect_err("not in one piece");
+        assert_eq!(err, PlanError::CapacityAt { until: t0 + QUARANTINE * 2 });
+        let d = go(&d.state, &[("z", 500), ("w", 850)], t0 + QUARANTINE * 2).expect("merged");
+        assert!(d.state.services.iter().any(|s| s.name == "w" && s.base == 500));
     }
 
     #[test]

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use common::*;
 use lb::config::{parse_str, Pool};
-use lb::table;
 use nix::sys::signal::Signal;
 
 const SECS: Duration = Duration::from_secs(15);
@@ -79,29 +78,9 @@ fn pool_text(services: &[(u16, &str, &[u32])]) -> String {
     t
 }
 
-/// Whether the program `prog_id` serves exactly `pool`, table by table, slot by slot.
+/// Whether the program `prog_id` serves exactly `pool` (common::serves, with these MACs).
 fn serves(prog_id: u32, pool: &Pool) -> Result<(), String> {
-    let live = Live::new(prog_id);
-    for s in &pool.services {
-        let t = table::build_service(s);
-        let want: Vec<Option<[u8; 6]>> = t.owners().iter().map(|&o| (o != table::EMPTY).then(|| mac(s.backends[o as usize].address))).collect();
-        if want.iter().all(Option::is_none) {
-            // No backend with weight: the route says 0 slots and its packets are dropped.
-            match live.route(s.vip, s.port, s.protocol) {
-                Some((_, 0, _)) => continue,
-                other => return Err(format!("{}: an empty service's route is {other:?}", s.name)),
-            }
-        }
-        match live.table(s.vip, s.port, s.protocol) {
-            Some(got) if got == want => {}
-            Some(got) => {
-                let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-                return Err(format!("{}: {diff} of {} slots differ from the builder's", s.name, want.len()));
-            }
-            None => return Err(format!("{}: no route", s.name)),
-        }
-    }
-    Ok(())
+    common::serves(prog_id, pool, &mac, &[])
 }
 
 fn attach(p: &Pair, config: &Path, pins: &BpfMount) -> Running {

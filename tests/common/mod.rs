@@ -329,3 +329,30 @@ impl Live {
         Some(out)
     }
 }
+
+/// Whether the program `prog_id` serves exactly `pool`, table by table, slot by slot, as the
+/// builder computes it (`mac` gives each backend's MAC); services named in `skip` are not checked.
+pub fn serves(prog_id: u32, pool: &lb::config::Pool, mac: &dyn Fn(std::net::IpAddr) -> [u8; 6], skip: &[&str]) -> Result<(), String> {
+    use lb::table;
+    let live = Live::new(prog_id);
+    for s in pool.services.iter().filter(|s| !skip.contains(&s.name.as_str())) {
+        let t = table::build_service(s);
+        let want: Vec<Option<[u8; 6]>> = t.owners().iter().map(|&o| (o != table::EMPTY).then(|| mac(s.backends[o as usize].address))).collect();
+        if want.iter().all(Option::is_none) {
+            // No backend with weight: the route says 0 slots and its packets are dropped.
+            match live.route(s.vip, s.port, s.protocol) {
+                Some((_, 0, _)) => continue,
+                other => return Err(format!("{}: an empty service's route is {other:?}", s.name)),
+            }
+        }
+        match live.table(s.vip, s.port, s.protocol) {
+            Some(got) if got == want => {}
+            Some(got) => {
+                let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                return Err(format!("{}: {diff} of {} slots differ from the builder's", s.name, want.len()));
+            }
+            None => return Err(format!("{}: no route", s.name)),
+        }
+    }
+    Ok(())
+}
