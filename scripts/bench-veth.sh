@@ -14,9 +14,10 @@
 # round-robin; src/bpf/trafgen.bpf.c), with --new PCT percent of the packets SYNs of flows never
 # seen, generated on --cpus N CPUs (a veth with N queues: the receiving side runs on as many).
 # Each round then measures the floor and four lb services: L2 with connection tracking off and
-# on, IPIP off and on; each tracked service's W flows shake hands first, so they are tracked.
+# on, IPIP off and on (one lb for the L2 pair, a fresh one for the IPIP pair, so each flow table
+# holds W flows); each tracked service's W flows shake hands first, so they are tracked.
 #
-#   scripts/bench-veth.sh [SECONDS] [ROUNDS] [--flows W] [--new PCT] [--cpus N]
+#   scripts/bench-veth.sh [SECONDS] [ROUNDS] [--flows W] [--new PCT] [--cpus N] [--conntrack-size N]
 #                                                   needs root and the release build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +27,14 @@ ROUNDS=3
 FLOWS=0
 NEW=0
 CPUS=1
+CT_SIZE=()
 pos=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --flows) FLOWS=$2; shift 2 ;;
     --new) NEW=$2; shift 2 ;;
     --cpus) CPUS=$2; shift 2 ;;
+    --conntrack-size) CT_SIZE=(--conntrack-size "$2"); shift 2 ;;
     *)
         pos=$((pos + 1))
         if [ $pos = 1 ]; then SECONDS_PER_RUN=$1; else ROUNDS=$1; fi
@@ -112,22 +115,31 @@ if [ "$FLOWS" -gt 0 ]; then
         ip netns exec "$L" "$E2E" xdp-floor eth0
         runs_f+=("$(measure 81)")
         ip -n "$L" link set dev eth0 xdp off
-        ip netns exec "$L" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode native >/dev/null 2>"$WORK/lb.log" &
-        LBPID=$!
-        for _ in $(seq 1 100); do grep -q "serving;" "$WORK/lb.log" && break; sleep 0.05; done
-        # The tracked services' working sets shake hands first.
-        for port in 80 82; do
+        # One lb per forwarding mode, so that each flow table holds one working set (W flows).
+        for mode in l2 ipip; do
+            ip netns exec "$L" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode native "${CT_SIZE[@]}" >/dev/null 2>"$WORK/lb-$mode.log" &
+            LBPID=$!
+            for _ in $(seq 1 100); do grep -q "serving;" "$WORK/lb-$mode.log" && break; sleep 0.05; done
+            # The tracked service's working set shakes hands first.
+            port=80
+            [ $mode = ipip ] && port=82
             ip netns exec "$G" "$E2E" trafgen eth0 --dst-mac "$LMAC" --src 10.98.0.1 --dst 10.98.0.100 --dport $port \
                 --seconds 0 --flows "$FLOWS" --warmup --cpus 0 >/dev/null
+            if [ $mode = l2 ]; then
+                runs_l2+=("$(measure 81)")
+                runs_l2ct+=("$(measure 80)")
+            else
+                runs_ipct+=("$(measure 82)")
+                runs_ip+=("$(measure 83)")
+            fi
+            kill -TERM "$LBPID"
+            wait "$LBPID" || true
+            LBPID=
         done
-        runs_l2+=("$(measure 81)")
-        runs_l2ct+=("$(measure 80)")
-        runs_ipct+=("$(measure 82)")
-        runs_ip+=("$(measure 83)")
-        kill -TERM "$LBPID"
-        wait "$LBPID" || true
-        LBPID=
-        echo "round $r: floor ${runs_f[-1]}, L2 off ${runs_l2[-1]}, L2 on ${runs_l2ct[-1]}, IPIP off ${runs_ip[-1]}, IPIP on ${runs_ipct[-1]} pps ($(grep -o 'dropped [0-9]*' "$WORK/lb.log" | tail -1); lb's conntrack$(grep -o 'conntrack hit=.*' "$WORK/lb.log" | tail -1 | sed 's/^conntrack//'))"
+        echo "round $r: floor ${runs_f[-1]}, L2 off ${runs_l2[-1]}, L2 on ${runs_l2ct[-1]}, IPIP off ${runs_ip[-1]}, IPIP on ${runs_ipct[-1]} pps"
+        for mode in l2 ipip; do
+            echo "  lb ($mode): $(grep -o 'dropped [0-9]*' "$WORK/lb-$mode.log" | tail -1), conntrack$(grep -o 'conntrack hit=.*' "$WORK/lb-$mode.log" | tail -1 | sed 's/^conntrack//')"
+        done
     done
     f=$(median "${runs_f[@]}")
     a=$(median "${runs_l2[@]}") b=$(median "${runs_l2ct[@]}") c=$(median "${runs_ip[@]}") d=$(median "${runs_ipct[@]}")
