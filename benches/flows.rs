@@ -24,13 +24,7 @@ use libbpf_rs::ProgramInput;
 use lb::config::parse_str;
 use lb::dataplane::{types, Dataplane};
 
-#[allow(
-    clippy::all,
-    dead_code,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals
-)]
+#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod floor {
     include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
 }

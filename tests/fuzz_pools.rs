@@ -17,26 +17,9 @@ use std::time::{Duration, Instant};
 use lb::config::{parse_bytes, Algorithm, Pool};
 use lb::{diff, report, table};
 
-/// A small deterministic generator, seeded: a failing input can be replayed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+mod common;
+use common::rng::Rng;
+
 
 /// A scalar that is sometimes valid for `key` and often not.
 fn value(r: &mut Rng, key: &str) -> String {

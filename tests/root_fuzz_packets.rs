@@ -23,6 +23,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
 use common::packet::*;
+use common::rng::Rng;
 use lb::config::parse_str;
 use lb::dataplane::{types, Dataplane};
 
@@ -53,27 +54,6 @@ fn mac_of(a: IpAddr) -> Option<[u8; 6]> {
     (a != IpAddr::from([10, 99, 0, 15])).then_some([0x02, 0xbb, 0, 0, (a.is_ipv6() as u8), last])
 }
 
-/// splitmix64: small, seeded, and the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-}
 
 fn client4(r: &mut Rng) -> Ipv4Addr {
     Ipv4Addr::from(0xc000_0200 + r.below(256) as u32)

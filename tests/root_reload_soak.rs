@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::packet::*;
+use common::rng::Rng;
 use common::*;
 use lb::config::parse_str;
 
@@ -34,19 +35,6 @@ fn mac(addr: IpAddr) -> [u8; 6] {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A random valid pool: `steady` (port 79) and `hc` (port 78, health-checked) always; services
 /// on ports 80..=87 each present or not, with random backends, weights, algorithm, size, hashing

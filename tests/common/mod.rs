@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod packet;
+pub mod rng;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
