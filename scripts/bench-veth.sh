@@ -107,6 +107,18 @@ measure() { # [DPORT] prints packets processed per second on the load balancer's
 }
 
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+lb_start() { # LOG [ARGS]: lb attach in the load balancer's namespace, until it serves
+    local log=$1
+    shift
+    ip netns exec "$L" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode native "$@" >/dev/null 2>"$log" &
+    LBPID=$!
+    for _ in $(seq 1 100); do grep -q "serving;" "$log" && break; sleep 0.05; done
+}
+lb_stop() {
+    kill -TERM "$LBPID"
+    wait "$LBPID" || true
+    LBPID=
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
 if [ "$FLOWS" -gt 0 ]; then
@@ -117,9 +129,7 @@ if [ "$FLOWS" -gt 0 ]; then
         ip -n "$L" link set dev eth0 xdp off
         # One lb per forwarding mode, so that each flow table holds one working set (W flows).
         for mode in l2 ipip; do
-            ip netns exec "$L" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode native "${CT_SIZE[@]}" >/dev/null 2>"$WORK/lb-$mode.log" &
-            LBPID=$!
-            for _ in $(seq 1 100); do grep -q "serving;" "$WORK/lb-$mode.log" && break; sleep 0.05; done
+            lb_start "$WORK/lb-$mode.log" "${CT_SIZE[@]}"
             # The tracked service's working set shakes hands first.
             port=80
             [ $mode = ipip ] && port=82
@@ -132,9 +142,7 @@ if [ "$FLOWS" -gt 0 ]; then
                 runs_ipct+=("$(measure 82)")
                 runs_ip+=("$(measure 83)")
             fi
-            kill -TERM "$LBPID"
-            wait "$LBPID" || true
-            LBPID=
+            lb_stop
         done
         echo "round $r: floor ${runs_f[-1]}, L2 off ${runs_l2[-1]}, L2 on ${runs_l2ct[-1]}, IPIP off ${runs_ip[-1]}, IPIP on ${runs_ipct[-1]} pps"
         for mode in l2 ipip; do
@@ -162,9 +170,7 @@ for r in $(seq 1 "$ROUNDS"); do
     floor_runs+=("$(measure)")
     ip -n "$L" link set dev eth0 xdp off
 
-    ip netns exec "$L" "$LB" attach eth0 --config "$WORK/pool.yaml" --xdp-mode native >/dev/null 2>"$WORK/lb.log" &
-    LBPID=$!
-    for _ in $(seq 1 100); do grep -q "serving;" "$WORK/lb.log" && break; sleep 0.05; done
+    lb_start "$WORK/lb.log"
     # Alternate which goes first, so that a drift of the machine does not favour one.
     if [ $((r % 2)) = 1 ]; then
         lb_runs+=("$(measure 53)")
@@ -173,9 +179,7 @@ for r in $(seq 1 "$ROUNDS"); do
         ipip_runs+=("$(measure 54)")
         lb_runs+=("$(measure 53)")
     fi
-    kill -TERM "$LBPID"
-    wait "$LBPID" || true
-    LBPID=
+    lb_stop
     fwd=$(grep -o "forwarded [0-9]*" "$WORK/lb.log" | awk '{print $2}')
     echo "round $r: floor ${floor_runs[-1]} pps, lb ${lb_runs[-1]} pps, lb IPIP ${ipip_runs[-1]} pps (lb forwarded $fwd packets, $(grep -o 'dropped [0-9]*' "$WORK/lb.log"))"
 done
