@@ -315,3 +315,32 @@ fn root_the_flow_tag_is_the_documented_hash() {
     );
     assert!(id != 0 && backend == table_says(&a, "web", src, 4321));
 }
+
+#[test]
+fn root_a_udp_flow_is_established_at_its_second_datagram_and_survives_a_flood() {
+    common::require_root();
+    let a = pool(A);
+    let mut dp = Dataplane::load_sized(1 << 20, 4096).expect("load");
+    dp.install(&a, IFMAC, &|x: IpAddr| Some(mac(x))).expect("install");
+    let b = pool(&A.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]"));
+    for x in 11..=15u8 {
+        dp.set_mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, x)), Some(mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, x))))).expect("mac");
+    }
+    let flows = moving_flows(&a, &b, "dns", 50);
+    for &(src, sport) in &flows {
+        udp(&dp, src, sport);
+    }
+    assert_eq!(dp.flow_count().expect("count"), 0, "one datagram: only half-open");
+    for &(src, sport) in &flows {
+        udp(&dp, src, sport);
+    }
+    assert_eq!(dp.flow_count().expect("count"), 50, "the second datagram establishes the flow");
+    // A flood of first datagrams from spoofed sources, then a change that moves all 50.
+    for i in 0..40_000u32 {
+        udp(&dp, Ipv4Addr::from(0x0b00_0000 + i), 1024 + (i % 50_000) as u16);
+    }
+    dp.apply(&b).expect("apply");
+    for &(src, sport) in &flows {
+        assert_eq!(udp(&dp, src, sport), table_says(&a, "dns", src, sport), "{src}:{sport} kept its backend through the flood");
+    }
+}

@@ -314,7 +314,9 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT;
 	__u64 tag = h | 1;
 	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
-	int first = proto == IPPROTO_UDP || (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	int syn = proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	/* A packet that may start a flow: a SYN, or any UDP datagram without an entry. */
+	int first = syn || proto == IPPROTO_UDP;
 	struct lb_flow *e, *pe;
 	struct flow_word f;
 
@@ -355,7 +357,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 				f.backend = id;
 				f.gen = gen ? *gen : 0;
 			}
-			if (first) {
+			if (syn) {
 				/* A SYN sent again: where the first one went. */
 				if (stale)
 					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, now));
