@@ -66,8 +66,9 @@ enum Command {
         #[arg(long, value_name = "SLOTS", default_value_t = lb::dataplane::DEFAULT_TABLE_CAPACITY,
               value_parser = clap::value_parser!(u32).range(1..=1 << 28))]
         table_capacity: u32,
-        /// Entries of the connection-tracking flow table (an LRU: the least recently used flow
-        /// is forgotten when it is full).
+        /// Slots of the connection-tracking flow table, rounded up to a power of two (16 bytes
+        /// each; when both buckets a new flow may use are full, the flow seen longest ago there
+        /// is forgotten).
         #[arg(long, value_name = "FLOWS", default_value_t = lb::dataplane::DEFAULT_CONNTRACK_SIZE,
               value_parser = clap::value_parser!(u32).range(1..=1 << 26))]
         conntrack_size: u32,
