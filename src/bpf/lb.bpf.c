@@ -211,11 +211,12 @@ static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 ch
 #pragma unroll
 	for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
 		__u32 k = flow_slot(tag, mask, i);
-		struct lb_flow *e = bpf_map_lookup_elem(map, &k);
+		struct lb_flow *e;
 		__u64 w;
 
 		if (i >= choices * LB_FLOW_WAYS)
 			break;
+		e = bpf_map_lookup_elem(map, &k);
 		if (!e || *(volatile __u64 *)&e->tag != tag)
 			continue;
 		w = *(volatile __u64 *)flow_word_of(e);
@@ -278,13 +279,12 @@ static __always_inline void flow_end(struct lb_flow *e, __u64 tag)
 }
 
 /* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
- * another backend since, and the flow not idle past its protocol's timeout. */
-static __always_inline int usable(const struct flow_word *f, __u8 proto, __u32 now)
+ * another backend since, and the flow not idle past its protocol's `timeout` (ticks; 0: never). */
+static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u32 now)
 {
 	__u32 id = f->backend;
 	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
 	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
-	__u32 timeout = ct_timeout_ticks(proto);
 
 	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || (*gen & 0xffff) != f->gen)
 		return 0;
@@ -292,9 +292,9 @@ static __always_inline int usable(const struct flow_word *f, __u8 proto, __u32 n
 }
 
 /* Keeps a used entry from ageing out: rewrites `seen` once it is older than the refresh interval. */
-static __always_inline void refresh(struct lb_flow *e, const struct flow_word *f, __u8 proto, __u32 now)
+static __always_inline void refresh(struct lb_flow *e, const struct flow_word *f, __u32 timeout, __u32 now)
 {
-	__u32 every = ct_timeout_ticks(proto) / 4;
+	__u32 every = timeout / 4;
 
 	if (every == 0 || every > LB_CT_REFRESH_TICKS)
 		every = LB_CT_REFRESH_TICKS;
@@ -311,7 +311,7 @@ static __always_inline void refresh(struct lb_flow *e, const struct flow_word *f
  * 64-bit hash over its 5-tuple. */
 static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 h, __u8 proto, __u8 tcp_flags)
 {
-	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT;
+	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT, timeout = ct_timeout_ticks(proto);
 	__u64 tag = h | 1;
 	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
 	int syn = proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
@@ -322,8 +322,8 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 
 	e = flow_find(&flows, mask, 2, tag, &f);
 	if (e) {
-		if (usable(&f, proto, now)) {
-			refresh(e, &f, proto, now);
+		if (usable(&f, timeout, now)) {
+			refresh(e, &f, timeout, now);
 			/* The client reset the connection: it is over, and the next one with these
 			 * ports is a new flow. (Only the client's direction passes here.) */
 			if (tcp_flags & TCP_FLAG_RST)
@@ -344,7 +344,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 	if (lb_settings.ct_guard) {
 		pe = flow_find(&flow_pending, pmask, 1, tag, &f);
 		if (pe) {
-			int stale = !usable(&f, proto, now);
+			int stale = !usable(&f, timeout, now);
 
 			if (stale) {
 				/* Its first packet went to a backend that is gone or down (or long
@@ -412,7 +412,7 @@ static __always_inline int route_icmp(struct pkt *p, const struct lb_service *sv
 	if (svc->flags & LB_SVC_CONNTRACK) {
 		if ((flow_find(&flows, lb_settings.ct_mask, 2, tag, &f) ||
 		     flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &f)) &&
-		    usable(&f, proto, now))
+		    usable(&f, ct_timeout_ticks(proto), now))
 			id = f.backend;
 	}
 	if (id == 0)
