@@ -340,7 +340,6 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     }
     drop(xdp);
     let snap = dp.snapshot()?;
-    let drops: Vec<String> = snap.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
     let what = match &pinning {
         Some(p) => {
             dp.write_meta(attached_ms_of(&p.dir), None, ifc.ifindex)?;
@@ -354,18 +353,13 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
         }
         None => format!("detached from {}", ifc.name),
     };
-    let ct: Vec<String> = snap
-        .conntrack
-        .iter()
-        .map(|(n, v)| format!("{n}={v}"))
-        .collect();
     log(format!(
         "{stop}: {what}; forwarded {}, passed {}, dropped {} ({}); conntrack {}",
         snap.forwarded,
         snap.passed,
         snap.dropped(),
-        drops.join(" "),
-        ct.join(" ")
+        lb::stats::counter_list(&snap.drops),
+        lb::stats::counter_list(&snap.conntrack)
     ));
     Ok(ExitCode::SUCCESS)
 }

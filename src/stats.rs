@@ -86,11 +86,9 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
         now.dropped(),
         rate(now.dropped(), prev.dropped(), seconds),
     );
-    let drops: Vec<String> = now.drops.iter().map(|(name, n)| format!("{name}={n}")).collect();
-    let _ = writeln!(out, "  drops: {}", drops.join(" "));
+    let _ = writeln!(out, "  drops: {}", counter_list(&now.drops));
     if !now.conntrack.is_empty() {
-        let ct: Vec<String> = now.conntrack.iter().map(|(name, n)| format!("{name}={n}")).collect();
-        let _ = writeln!(out, "  conntrack: {}", ct.join(" "));
+        let _ = writeln!(out, "  conntrack: {}", counter_list(&now.conntrack));
     }
     let _ = writeln!(out, "  icmp: forwarded={}", now.icmp_forwarded);
     for s in &now.services {
@@ -207,10 +205,8 @@ impl PlaneStatus {
     pub fn text(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "forwarded {}, passed {}, dropped {}", self.forwarded, self.passed, self.drops.iter().map(|d| d.1).sum::<u64>());
-        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let _ = writeln!(out, "  drops: {}", drops.join(" "));
-        let ct: Vec<String> = self.conntrack.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let _ = writeln!(out, "  conntrack: {}", ct.join(" "));
+        let _ = writeln!(out, "  drops: {}", counter_list(&self.drops));
+        let _ = writeln!(out, "  conntrack: {}", counter_list(&self.conntrack));
         let _ = writeln!(out, "  icmp: forwarded={}", self.icmp_forwarded);
         let _ = writeln!(out, "  flow table: {} of {} entries", self.flows, self.flow_capacity);
         for s in &self.services {
@@ -244,6 +240,11 @@ impl PlaneStatus {
         }
         out
     }
+}
+
+/// Named counters as `name=value` pairs separated by spaces, as every text report prints them.
+pub fn counter_list(counters: &[(&str, u64)]) -> String {
+    counters.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

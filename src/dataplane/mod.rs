@@ -155,25 +155,12 @@ impl Dataplane {
             dp.set_mtu(1500)?;
         }
         // From the maps as loaded (a reused one keeps its pinned size).
-        let buckets = |m: &libbpf_rs::MapMut<'_>| -> Result<u32> {
-            Ok(m.info()?.info.max_entries / FLOW_WAYS)
-        };
-        let (ct, pending) = (
-            buckets(&dp.skel.maps.flows)?,
-            buckets(&dp.skel.maps.flow_pending)?,
-        );
-        anyhow::ensure!(
-            ct.is_power_of_two() && pending.is_power_of_two(),
-            "the flow tables' sizes are not powers of two"
-        );
-        let bss = dp
-            .skel
-            .maps
-            .bss_data
-            .as_deref_mut()
-            .context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings.ct_mask = ct - 1;
-        bss.lb_settings.ct_pending_mask = pending - 1;
+        let buckets = |m: &libbpf_rs::MapMut<'_>| -> Result<u32> { Ok(m.info()?.info.max_entries / FLOW_WAYS) };
+        let (ct, pending) = (buckets(&dp.skel.maps.flows)?, buckets(&dp.skel.maps.flow_pending)?);
+        anyhow::ensure!(ct.is_power_of_two() && pending.is_power_of_two(), "the flow tables' sizes are not powers of two");
+        let s = dp.settings()?;
+        s.ct_mask = ct - 1;
+        s.ct_pending_mask = pending - 1;
         dp.tick()?;
         Ok((dp, fresh))
     }
@@ -182,18 +169,22 @@ impl Dataplane {
         self.skel.progs.lb_xdp.as_fd()
     }
 
+    /// The program's settings (struct lb_config in its .bss), written in place.
+    fn settings(&mut self) -> Result<&mut types::lb_config> {
+        Ok(&mut self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?.lb_settings)
+    }
+
     /// Sets the source MAC of forwarded frames (the attached interface's).
     pub fn set_ifmac(&mut self, ifmac: [u8; 6]) -> Result<()> {
-        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings.ifmac = ifmac;
+        self.settings()?.ifmac = ifmac;
         Ok(())
     }
 
     /// How long tracked flows may stay idle before they are forgotten (and re-hashed).
     pub fn set_conntrack_timeouts(&mut self, tcp: std::time::Duration, udp: std::time::Duration) -> Result<()> {
-        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings.ct_tcp_timeout_ms = tcp.as_millis() as u64;
-        bss.lb_settings.ct_udp_timeout_ms = udp.as_millis() as u64;
+        let s = self.settings()?;
+        s.ct_tcp_timeout_ms = tcp.as_millis() as u64;
+        s.ct_udp_timeout_ms = udp.as_millis() as u64;
         Ok(())
     }
 
@@ -201,21 +192,14 @@ impl Dataplane {
     /// its first waits in the half-open table, so that spoofed first packets (a SYN flood)
     /// never evict established flows. Off: at its first packet, as a plain LRU would.
     pub fn set_conntrack_guard(&mut self, on: bool) -> Result<()> {
-        let bss = self
-            .skel
-            .maps
-            .bss_data
-            .as_deref_mut()
-            .context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings.ct_guard = on as u32;
+        self.settings()?.ct_guard = on as u32;
         Ok(())
     }
 
     /// The interface's MTU: an encapsulated packet longer than this is answered with "too big"
     /// (or dropped) instead of sent.
     pub fn set_mtu(&mut self, mtu: u32) -> Result<()> {
-        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings.mtu = mtu;
+        self.settings()?.mtu = mtu;
         Ok(())
     }
 
@@ -223,8 +207,7 @@ impl Dataplane {
     /// leading bits stay fixed (the rest come from the flow hash; 32 or 128: one fixed address).
     /// For IPv6 at most the last 32 bits vary.
     pub fn set_encap_sources(&mut self, v4: Option<(std::net::Ipv4Addr, u8)>, v6: Option<(std::net::Ipv6Addr, u8)>) -> Result<()> {
-        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
-        let s = &mut bss.lb_settings;
+        let s = self.settings()?;
         if let Some((a, len)) = v4 {
             s.encap_src4 = u32::from_ne_bytes(a.octets());
             s.encap_src4_vary = host_mask_be(len, 32);
@@ -243,8 +226,7 @@ impl Dataplane {
     pub fn tick(&mut self) -> Result<()> {
         let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
         let ms = now.tv_sec() as u64 * 1000 + now.tv_nsec() as u64 / 1_000_000;
-        let bss = self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?;
-        bss.lb_settings.clock_ms = ms;
+        self.settings()?.clock_ms = ms;
         Ok(())
     }
 
@@ -953,21 +935,13 @@ impl Dataplane {
     /// member names, once before `switch` (which replaces the old program) and once after it,
     /// for the flows the old program made in between. Entries already present are left alone.
     /// Returns how many were copied.
-    pub fn carry_flows(
-        &self,
-        path: &std::path::Path,
-        old_prog_id: u32,
-        switch: impl FnOnce() -> Result<()>,
-    ) -> Result<u64> {
+    pub fn carry_flows(&self, path: &std::path::Path, old_prog_id: u32, switch: impl FnOnce() -> Result<()>) -> Result<u64> {
         // Read before the switch: the old program, and its BTF's last holder, goes with it.
-        let old_btf = libbpf_rs::btf::Btf::from_prog_id(old_prog_id)
-            .context("reading the pinned program's BTF")?;
-        let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?)
-            .context("reading this program's BTF")?;
+        let old_btf = libbpf_rs::btf::Btf::from_prog_id(old_prog_id).context("reading the pinned program's BTF")?;
+        let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?).context("reading this program's BTF")?;
         let mut tables = vec![(libbpf_rs::MapHandle::from_pinned_path(path)?, &self.skel.maps.flows, 2)];
         // The half-open flows too, when the old version had them.
-        if let Ok(old) = libbpf_rs::MapHandle::from_pinned_path(path.with_file_name("flow_pending"))
-        {
+        if let Ok(old) = libbpf_rs::MapHandle::from_pinned_path(path.with_file_name("flow_pending")) {
             tables.push((old, &self.skel.maps.flow_pending, 1));
         }
         let copy = || -> Result<u64> {
@@ -975,16 +949,8 @@ impl Dataplane {
             for (old, new, choices) in &tables {
                 let info = old.info()?.info;
                 let new_info = new.info()?.info;
-                let convert_slot = |v: &[u8]| {
-                    convert(
-                        v,
-                        &old_btf,
-                        info.btf_value_type_id,
-                        &new_btf,
-                        new_info.btf_value_type_id,
-                        new_info.value_size as usize,
-                    )
-                };
+                let convert_slot =
+                    |v: &[u8]| convert(v, &old_btf, info.btf_value_type_id, &new_btf, new_info.btf_value_type_id, new_info.value_size as usize);
                 let mut put = |slot: Vec<u8>| -> Result<()> {
                     copied += put_flow(*new, new_info.max_entries / FLOW_WAYS, *choices, &slot)? as u64;
                     Ok(())
@@ -999,9 +965,7 @@ impl Dataplane {
                     // A version before the set-associative table: an LRU hash keyed by the
                     // 5-tuple (lb_flow_key), valued {backend u32, gen u32, seen_ms u64}.
                     for k in old.keys() {
-                        let Some(v) = old.lookup(&k, MapFlags::ANY)? else {
-                            continue;
-                        };
+                        let Some(v) = old.lookup(&k, MapFlags::ANY)? else { continue };
                         if let Some(slot) = slot_from_keyed(&k, &v, new_info.value_size as usize) {
                             put(slot)?;
                         }
@@ -1023,12 +987,7 @@ impl Dataplane {
     /// The established flows: (slot, tag, backend id), for tests and tools.
     pub fn flow_slots(&self) -> Result<Vec<(u32, u64, u32)>> {
         let mut out = Vec::new();
-        for (k, v) in self
-            .skel
-            .maps
-            .flows
-            .lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)?
-        {
+        for (k, v) in self.skel.maps.flows.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
             let f = value_of::<types::lb_flow>(&v);
             if f.tag != 0 {
                 out.push((value_of::<u32>(&k), f.tag, f.backend as u32));
