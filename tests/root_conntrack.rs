@@ -45,9 +45,15 @@ fn pool(text: &str) -> Pool {
 }
 
 fn setup() -> (Dataplane, Pool) {
+    setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, true)
+}
+
+/// [`setup`] with a flow table of `conntrack_size` slots and the guard on or off.
+fn setup_with(conntrack_size: u32, guard: bool) -> (Dataplane, Pool) {
     common::require_root();
     let p = pool(A);
-    let mut dp = Dataplane::load(1 << 20).expect("load");
+    let mut dp = Dataplane::load_sized(1 << 20, conntrack_size).expect("load");
+    dp.set_conntrack_guard(guard).expect("guard");
     let macs = |a: IpAddr| Some(mac(a));
     dp.install(&p, IFMAC, &macs).expect("install");
     for a in 11..=16u8 {
@@ -231,19 +237,7 @@ fn handshake(dp: &Dataplane, src: Ipv4Addr, sport: u16) -> IpAddr {
 /// sources into a flow table of 4,096 entries, then a table change that moves every one of the
 /// 200: how many still reach their own backend.
 fn flood(guard: bool, syns: u32) -> (usize, Dataplane) {
-    common::require_root();
-    let a = pool(A);
-    let mut dp = Dataplane::load_sized(1 << 20, 4096).expect("load");
-    dp.set_conntrack_guard(guard).expect("guard");
-    let macs = |x: IpAddr| Some(mac(x));
-    dp.install(&a, IFMAC, &macs).expect("install");
-    for x in 11..=16u8 {
-        dp.set_mac(
-            IpAddr::V4(Ipv4Addr::new(10, 99, 0, x)),
-            Some(mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, x)))),
-        )
-        .expect("mac");
-    }
+    let (mut dp, a) = setup_with(4096, guard);
     let b = pool(&A.replacen(
         "[10.99.0.11, 10.99.0.12, 10.99.0.13]",
         "[{address: 10.99.0.11, weight: 5}, 10.99.0.12, 10.99.0.13, 10.99.0.14]",
@@ -318,14 +312,8 @@ fn root_the_flow_tag_is_the_documented_hash() {
 
 #[test]
 fn root_a_udp_flow_is_established_at_its_second_datagram_and_survives_a_flood() {
-    common::require_root();
-    let a = pool(A);
-    let mut dp = Dataplane::load_sized(1 << 20, 4096).expect("load");
-    dp.install(&a, IFMAC, &|x: IpAddr| Some(mac(x))).expect("install");
+    let (mut dp, a) = setup_with(4096, true);
     let b = pool(&A.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]"));
-    for x in 11..=15u8 {
-        dp.set_mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, x)), Some(mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, x))))).expect("mac");
-    }
     let flows = moving_flows(&a, &b, "dns", 50);
     for &(src, sport) in &flows {
         udp(&dp, src, sport);

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -48,19 +47,9 @@ fn rand_u32() -> u32 {
     t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(7)
 }
 
-/// Backends 10.77.0.21..=39 get static neighbour entries with MAC 02:00:00:00:00:NN.
-fn mac(addr: IpAddr) -> [u8; 6] {
-    match addr {
-        IpAddr::V4(a) => [2, 0, 0, 0, 0, u8::from_str_radix(&a.octets()[3].to_string(), 16).unwrap_or(0)],
-        IpAddr::V6(_) => [0; 6],
-    }
-}
-
 fn env() -> (Pair, TempDir, BpfMount) {
     let p = pair();
-    for n in 21..=39 {
-        p.lb.ip(&["neigh", "replace", &format!("10.77.0.{n}"), "lladdr", &format!("02:00:00:00:00:{n}"), "dev", "lbv0", "nud", "permanent"]);
-    }
+    static_backends(&p);
     (p, temp_dir(), BpfMount::new())
 }
 
@@ -80,7 +69,7 @@ fn pool_text(services: &[(u16, &str, &[u32])]) -> String {
 
 /// Whether the program `prog_id` serves exactly `pool` (common::serves, with these MACs).
 fn serves(prog_id: u32, pool: &Pool) -> Result<(), String> {
-    common::serves(prog_id, pool, &mac, &[])
+    common::serves(prog_id, pool, &static_backend_mac, &[])
 }
 
 fn attach(p: &Pair, config: &Path, pins: &BpfMount) -> Running {

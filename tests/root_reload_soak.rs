@@ -13,7 +13,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,16 +25,6 @@ use common::*;
 use lb::config::parse_str;
 
 const SECS: Duration = Duration::from_secs(20);
-
-/// Backends 10.77.0.21..=39 have static neighbour entries with MAC 02:00:00:00:00:NN (hex
-/// digits read as decimal, as root_pin does).
-fn mac(addr: IpAddr) -> [u8; 6] {
-    match addr {
-        IpAddr::V4(a) => [2, 0, 0, 0, 0, u8::from_str_radix(&a.octets()[3].to_string(), 16).unwrap_or(0)],
-        IpAddr::V6(_) => [0; 6],
-    }
-}
-
 
 /// A random valid pool: `steady` (port 79) and `hc` (port 78, health-checked) always; services
 /// on ports 80..=87 each present or not, with random backends, weights, algorithm, size, hashing
@@ -115,9 +105,7 @@ fn flapping(ns: &str, addrs: Vec<Ipv4Addr>, period: Duration, stop: Arc<AtomicBo
 fn root_thousands_of_reloads_under_traffic_and_health_flaps_leak_nothing() {
     let reloads: u64 = std::env::var("LB_SOAK_RELOADS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     let p = pair();
-    for n in 21..=39 {
-        p.lb.ip(&["neigh", "replace", &format!("10.77.0.{n}"), "lladdr", &format!("02:00:00:00:00:{n}"), "dev", "lbv0", "nud", "permanent"]);
-    }
+    static_backends(&p);
     p.be.ip(&["addr", "add", "10.77.0.12/24", "dev", "lbv1"]);
     let dir = temp_dir();
     let mut r = Rng(0x5eed_1234_abcd_0001);
@@ -192,7 +180,7 @@ fn root_thousands_of_reloads_under_traffic_and_health_flaps_leak_nothing() {
             good = parse_str("pool.yaml", &text).expect("valid");
         }
         // The tables serve the last good pool exactly (hc's follow its health; not compared).
-        if let Err(e) = serves(prog, &good, &mac, &["hc"]) {
+        if let Err(e) = serves(prog, &good, &static_backend_mac, &["hc"]) {
             let log = lb.seen.iter().rev().take(12).rev().cloned().collect::<Vec<_>>().join("\n");
             panic!("round {round} ({}): {e}\nfile:\n{text}\nlb's last lines:\n{log}", if bad { "after a refused file" } else { "after a reload" });
         }

@@ -93,6 +93,23 @@ pub fn pair() -> Pair {
     Pair { lb, be }
 }
 
+/// Gives the backends 10.77.0.21..=39 static neighbour entries in `p`'s load balancer
+/// namespace, with MAC 02:00:00:00:00:NN ([`static_backend_mac`]).
+pub fn static_backends(p: &Pair) {
+    for n in 21..=39 {
+        p.lb.ip(&["neigh", "replace", &format!("10.77.0.{n}"), "lladdr", &format!("02:00:00:00:00:{n}"), "dev", "lbv0", "nud", "permanent"]);
+    }
+}
+
+/// The MAC [`static_backends`] gives a backend: 02:00:00:00:00:NN, NN its last octet's decimal
+/// digits read as hex.
+pub fn static_backend_mac(addr: std::net::IpAddr) -> [u8; 6] {
+    match addr {
+        std::net::IpAddr::V4(a) => [2, 0, 0, 0, 0, u8::from_str_radix(&a.octets()[3].to_string(), 16).unwrap_or(0)],
+        std::net::IpAddr::V6(_) => [0; 6],
+    }
+}
+
 pub fn write_config(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write config");
