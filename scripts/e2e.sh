@@ -132,6 +132,20 @@ hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
     [ -f "$WORK/ready" ] || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
 }
 
+# Starts `lb decap eth0` on backends 1 to 3 (stopped with the topology) and waits until each
+# serves.
+decap_up() { # MODE
+    local i
+    for i in 1 2 3; do
+        ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --xdp-mode "$1" >/dev/null 2>"$WORK/decap$i.log" &
+        echo $! >>"/tmp/$PREFIX.pids"
+    done
+    for i in 1 2 3; do
+        for _ in $(seq 1 50); do grep -q serving "$WORK/decap$i.log" && break; sleep 0.1; done
+        grep -q serving "$WORK/decap$i.log" || { cat "$WORK/decap$i.log" >&2; fail "lb decap on b$i"; }
+    done
+}
+
 xdp_attached() { ip -n "$PREFIX-lb" -d link show dev eth0 | grep -q 'prog/xdp'; }
 
 # ---- the tests ----
@@ -515,14 +529,7 @@ test_encap_reload_moves_l2_to_ipip_under_traffic() { # MODE
     # Backends on the link (the bridge topology), running lb decap: l2 and ipip both reach them.
     setup "$1"
     local i d
-    for i in 1 2 3; do
-        ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --xdp-mode "$1" >/dev/null 2>"$WORK/decap$i.log" &
-        echo $! >>"/tmp/$PREFIX.pids"
-    done
-    for i in 1 2 3; do
-        for _ in $(seq 1 50); do grep -q serving "$WORK/decap$i.log" && break; sleep 0.1; done
-        grep -q serving "$WORK/decap$i.log" || { cat "$WORK/decap$i.log" >&2; fail "lb decap on b$i"; }
-    done
+    decap_up "$1"
     sed -i 's/    conntrack: off/    conntrack: on/' "$WORK/pool.yaml"
     start_lb "$1"
     hold_open "$TOPO_CLIENTS4" 100 4
@@ -985,14 +992,7 @@ test_fleet_two_nodes_behind_ecmp_lose_no_connection() { # MODE [FORWARD]
     mount -t bpf bpf "$PINS"
     if [ "$FLEET_FORWARD" != l2 ]; then
         # Encapsulated to the backends, which take the outer header off with lb decap.
-        local i
-        for i in 1 2 3; do
-            ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --xdp-mode "$1" >/dev/null 2>"$WORK/decap$i.log" &
-            echo $! >>"/tmp/$PREFIX.pids"
-        done
-        for i in 1 2 3; do
-            for _ in $(seq 1 50); do grep -q serving "$WORK/decap$i.log" && break; sleep 0.1; done
-        done
+        decap_up "$1"
     fi
     fleet_pool "$WORK/pool-na.yaml" "1 2 3"
     fleet_pool "$WORK/pool-nb.yaml" "1 2 3"
