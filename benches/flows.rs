@@ -31,32 +31,7 @@ mod floor {
 
 /// Port 80: tracked; 81: the same service untracked; 82/83: the same by IPIP. The L2 rows and
 /// the IPIP rows run on two data planes loaded from this pool.
-const POOL: &str = "services:
-  - name: ct
-    vip: 10.99.0.100
-    port: 80
-    hash: flow
-    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
-  - name: plain
-    vip: 10.99.0.100
-    port: 81
-    hash: flow
-    conntrack: off
-    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]
-  - name: ipip-ct
-    vip: 10.99.0.100
-    port: 82
-    hash: flow
-    forward: ipip
-    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
-  - name: ipip
-    vip: 10.99.0.100
-    port: 83
-    hash: flow
-    forward: ipip
-    conntrack: off
-    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
-";
+const POOL: &str = include_str!("../tests/pools/bench-flows.yaml");
 
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;

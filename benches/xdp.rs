@@ -28,51 +28,7 @@ mod floor {
 }
 
 /// Port 80: connection tracking on (the default); port 81: the same service with it off.
-const POOL: &str = "services:
-  - name: web
-    vip: 10.99.0.100
-    port: 80
-    hash: flow
-    backends:
-      - {address: 10.99.0.11, name: b1}
-      - {address: 10.99.0.12, name: b2}
-      - {address: 10.99.0.13, name: b3, weight: 2}
-  - name: plain
-    vip: 10.99.0.100
-    port: 81
-    hash: flow
-    conntrack: off
-    backends:
-      - {address: 10.99.0.11, name: b1}
-      - {address: 10.99.0.12, name: b2}
-      - {address: 10.99.0.13, name: b3, weight: 2}
-  - name: ipip
-    vip: 10.99.0.100
-    port: 82
-    hash: flow
-    forward: ipip
-    conntrack: off
-    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
-  - name: ipip-ct
-    vip: 10.99.0.100
-    port: 83
-    hash: flow
-    forward: ipip
-    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
-  - name: gue
-    vip: 10.99.0.100
-    port: 84
-    hash: flow
-    forward: gue
-    conntrack: off
-    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
-  - name: gue-ct
-    vip: 10.99.0.100
-    port: 85
-    hash: flow
-    forward: gue
-    backends: [{address: 10.1.0.11, name: b1}, {address: 10.1.0.12, name: b2}, {address: 10.1.0.13, name: b3}]
-";
+const POOL: &str = include_str!("../tests/pools/bench-xdp.yaml");
 
 /// An ICMP "fragmentation needed" from a router to the VIP about the packet the VIP (port
 /// `port`) sent to 192.0.2.7:`cport`: what lb routes to the flow's backend.

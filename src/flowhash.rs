@@ -90,6 +90,12 @@ pub fn flow_hash(mode: HashMode, src: IpAddr, dst: IpAddr, sport: u16, dport: u1
     hash_bytes(&hash_input(mode, src, dst, sport, dport, proto))
 }
 
+// The integration tests' seeded generator, shared rather than copied: the same seed gives the
+// same inputs here and there.
+#[cfg(test)]
+#[path = "../tests/common/rng.rs"]
+mod test_rng;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,16 +132,10 @@ mod tests {
         assert_eq!(got, [0xbb05b28e, 0x376bb508, 0x3806141a, 0xc018f2f1]);
     }
 
-    /// splitmix64, for reproducible random inputs.
+    /// Reproducible random inputs, from the tests' one seeded generator.
     fn rng(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s = s.wrapping_add(0x9e3779b97f4a7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-            z ^ (z >> 31)
-        }
+        let mut r = super::test_rng::Rng(seed);
+        move || r.next()
     }
 
     #[test]

@@ -39,17 +39,7 @@ impl Drop for Scratch {
     }
 }
 
-const FOUR: &str = "services:
-  - name: app
-    vip: 10.1.0.1
-    port: 443
-    algorithm: ALG
-    backends:
-      - {address: 10.1.0.11, name: a}
-      - {address: 10.1.0.12, name: b}
-      - {address: 10.1.0.13, name: c}
-      - {address: 10.1.0.14, name: d}
-";
+const FOUR: &str = include_str!("pools/four-services.yaml");
 
 #[test]
 fn check_prints_one_line_per_service_and_exits_zero() {

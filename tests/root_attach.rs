@@ -9,20 +9,7 @@ use std::time::Duration;
 use common::*;
 use nix::sys::signal::Signal;
 
-const POOL: &str = "services:
-  - name: web
-    vip: 10.77.0.100
-    port: 80
-    backends:
-      - {address: 10.77.0.11, name: b1}
-  - name: dns
-    vip: 10.77.0.100
-    port: 53
-    protocol: udp
-    hash: flow
-    backends:
-      - {address: 10.77.0.11, name: b1}
-";
+const POOL: &str = include_str!("pools/attach.yaml");
 
 const SECS: Duration = Duration::from_secs(15);
 

@@ -14,24 +14,11 @@ use lb::dataplane::{types, Dataplane};
 use lb::flowhash::flow_hash;
 use lb::table;
 
-const XDP_TX: u32 = 3;
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
 const RST: u8 = 0x04;
 
-const A: &str = "services:
-  - name: web
-    vip: 10.99.0.100
-    port: 80
-    hash: flow
-    backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]
-  - name: dns
-    vip: 10.99.0.100
-    port: 53
-    protocol: udp
-    hash: flow
-    backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]
-";
+const A: &str = include_str!("pools/conntrack.yaml");
 
 fn mac(a: IpAddr) -> [u8; 6] {
     match a {

@@ -15,10 +15,6 @@ use lb::dataplane::{types, Dataplane};
 use lb::flowhash::flow_hash;
 use lb::table;
 
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-
 const ROUTER: &str = "10.99.0.1";
 const ROUTER6: &str = "fd00::1";
 const ROUTER_MAC: [u8; 6] = [0x02, 0xee, 0, 0, 0, 0x01];
@@ -26,45 +22,7 @@ const ROUTER6_MAC: [u8; 6] = [0x02, 0xee, 0, 0, 0, 0x06];
 const SRC4: &str = "10.99.0.2";
 const SRC6: &str = "fd00::2";
 
-const POOL: &str = "services:
-  - name: ipip4
-    vip: 10.99.0.100
-    port: 80
-    hash: flow
-    forward: ipip
-    conntrack: off
-    backends: [{address: 10.1.0.11, name: a1}, {address: 10.1.0.12, name: a2}, {address: 10.1.0.13, name: a3}]
-  - name: gue4
-    vip: 10.99.0.100
-    port: 443
-    hash: flow
-    forward: gue
-    gue_port: 6081
-    backends: [{address: 10.1.0.21, name: g1}, {address: 10.1.0.22, name: g2}, {address: 10.1.0.23, name: g3}]
-  - name: ipip6
-    vip: 'fd00::100'
-    port: 80
-    hash: flow
-    forward: ipip
-    backends: [{address: 'fd01::11', name: s1}, {address: 'fd01::12', name: s2}]
-  - name: v4in6
-    vip: 10.99.0.101
-    port: 80
-    hash: flow
-    forward: gue
-    backends: [{address: 'fd01::21', name: m1}, {address: 'fd01::22', name: m2}]
-  - name: v6in4
-    vip: 'fd00::101'
-    port: 80
-    hash: flow
-    forward: ipip
-    backends: [{address: 10.1.0.31, name: n1}]
-  - name: l2web
-    vip: 10.99.0.102
-    port: 80
-    hash: flow
-    backends: [{address: 10.99.0.41, name: l1}, {address: 10.99.0.42, name: l2}]
-";
+const POOL: &str = include_str!("pools/encap.yaml");
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("address")

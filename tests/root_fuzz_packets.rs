@@ -27,20 +27,7 @@ use common::rng::Rng;
 use lb::config::parse_str;
 use lb::dataplane::{types, Dataplane};
 
-const POOL: &str = "services:
-  - {name: web, vip: 10.99.0.100, port: 80, hash: flow, backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]}
-  - {name: plain, vip: 10.99.0.100, port: 81, hash: flow, conntrack: off, backends: [10.99.0.11, 10.99.0.12]}
-  - {name: sticky, vip: 10.99.0.100, port: 8080, hash: client-ip, backends: [10.99.0.11, 10.99.0.12, 10.99.0.13]}
-  - {name: dns, vip: 10.99.0.100, port: 53, protocol: udp, algorithm: maglev, hash: flow, backends: [10.99.0.11, 10.99.0.12]}
-  - {name: dns-sticky, vip: 10.99.0.100, port: 5353, protocol: udp, hash: client-ip, conntrack: off, backends: [10.99.0.11, 10.99.0.13]}
-  - {name: web6, vip: 'fd99::100', port: 80, hash: flow, backends: ['fd99::11', 'fd99::12']}
-  - {name: ipip, vip: 10.99.0.100, port: 82, hash: flow, forward: ipip, backends: [10.1.0.11, 10.1.0.12]}
-  - {name: ipip6, vip: 'fd99::100', port: 82, hash: flow, forward: ipip, conntrack: off, backends: [10.1.0.11, 'fd01::12']}
-  - {name: gue, vip: 10.99.0.100, port: 84, protocol: udp, hash: flow, forward: gue, gue_port: 6080, backends: ['fd01::11', 10.1.0.12]}
-  - {name: gue6, vip: 'fd99::100', port: 84, protocol: udp, hash: client-ip, forward: gue, backends: ['fd01::11']}
-  - {name: drained, vip: 10.99.0.100, port: 90, backends: [{address: 10.99.0.14, state: drain}]}
-  - {name: nomac, vip: 10.99.0.101, port: 80, backends: [10.99.0.15]}
-";
+const POOL: &str = include_str!("pools/fuzz-packets.yaml");
 
 const VIPS: [&str; 3] = ["10.99.0.100", "fd99::100", "10.99.0.101"];
 const PORTS: [u16; 9] = [80, 81, 8080, 53, 5353, 82, 84, 90, 443];
@@ -332,12 +319,12 @@ pub fn run(seed: u64, secs: f64, max_packets: u64) -> (u64, [u64; 5]) {
         let (passed, drops, too_big) = (delta[0], delta[1..8].iter().sum::<u64>(), delta[8]);
         let what = || format!("seed {seed}, packet {packets}: {:02x?}", input);
         match action {
-            2 => {
+            XDP_PASS => {
                 assert_eq!(out, input, "XDP_PASS changed the packet ({})", what());
                 assert_eq!((passed, drops, too_big), (1, 0, 0), "a passed packet counted {delta:?} ({})", what());
             }
-            1 => assert_eq!((passed, drops, too_big), (0, 1, 0), "a dropped packet counted {delta:?} ({})", what()),
-            3 => {
+            XDP_DROP => assert_eq!((passed, drops, too_big), (0, 1, 0), "a dropped packet counted {delta:?} ({})", what()),
+            XDP_TX => {
                 assert_eq!((passed, drops), (0, 0), "a sent packet counted {delta:?} ({})", what());
                 if let Some(why) = oracle.check_tx(&input, &out, too_big == 1) {
                     panic!("XDP_TX: {why} ({}; output {:02x?})", what(), out);

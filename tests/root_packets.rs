@@ -15,58 +15,7 @@ use lb::dataplane::{types, Dataplane};
 use lb::flowhash::flow_hash;
 use lb::table;
 
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-
-const POOL: &str = "services:
-  - name: web
-    vip: 10.99.0.100
-    port: 80
-    hash: flow
-    backends:
-      - {address: 10.99.0.11, name: b1}
-      - {address: 10.99.0.12, name: b2}
-      - {address: 10.99.0.13, name: b3, weight: 2}
-  - name: dns
-    vip: 10.99.0.100
-    port: 53
-    protocol: udp
-    algorithm: maglev
-    slots: 65537
-    backends:
-      - {address: 10.99.0.21, name: d1}
-      - {address: 10.99.0.22, name: d2}
-  - name: v6
-    vip: 'fd00::100'
-    port: 443
-    hash: flow
-    backends:
-      - {address: 'fd00::11', name: s1}
-      - {address: 'fd00::12', name: s2}
-  - name: sticky
-    vip: 10.99.0.150
-    port: 80
-    hash: client-ip
-    backends:
-      - {address: 10.99.0.31, name: c1}
-      - {address: 10.99.0.32, name: c2}
-      - {address: 10.99.0.33, name: c3}
-  - name: v6sticky
-    vip: 'fd00::150'
-    port: 443
-    protocol: udp
-    hash: client-ip
-    backends:
-      - {address: 'fd00::31', name: e1}
-      - {address: 'fd00::32', name: e2}
-      - {address: 'fd00::33', name: e3}
-  - name: empty
-    vip: 10.99.0.200
-    port: 80
-    backends:
-      - {address: 10.99.0.41, weight: 0}
-";
+const POOL: &str = include_str!("pools/packets.yaml");
 
 fn backend_mac(addr: IpAddr) -> Option<[u8; 6]> {
     match addr {
@@ -293,16 +242,10 @@ fn root_every_truncation_is_never_forwarded_and_counted_as_malformed() {
     }
 }
 
-/// splitmix64: a deterministic stream of flows.
+/// A deterministic stream of flows (the tests' one seeded generator).
 fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut s = seed;
-    move || {
-        s = s.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
+    let mut r = common::rng::Rng(seed);
+    move || r.next()
 }
 
 #[test]

@@ -122,22 +122,7 @@ fn converges(env: &Env, text: &str, gone: &[(IpAddr, u16, Protocol)]) {
     }
 }
 
-const V0: &str = "services:
-  - name: web
-    vip: 10.77.0.100
-    port: 80
-    conntrack: off
-    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23]
-  - name: dns
-    vip: 10.77.0.100
-    port: 53
-    protocol: udp
-    algorithm: maglev
-    hash: flow
-    slots: 4099
-    conntrack: off
-    backends: [10.77.0.24, 10.77.0.25]
-";
+const V0: &str = include_str!("pools/reload-v0.yaml");
 
 fn pool_v1() -> String {
     V0.replace("[10.77.0.21, 10.77.0.22, 10.77.0.23]", "[10.77.0.21, 10.77.0.23]")
@@ -148,20 +133,7 @@ fn pool_v2() -> String {
         "    port: 80\n    conntrack: off\n    slots: 4099\n    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23, 10.77.0.26]",
     )
 }
-const V3: &str = "services:
-  - name: web
-    vip: 10.77.0.100
-    port: 80
-    algorithm: maglev
-    conntrack: off
-    backends: [10.77.0.21, 10.77.0.22, 10.77.0.23]
-  - name: api
-    vip: 10.77.0.100
-    port: 443
-    hash: flow
-    conntrack: off
-    backends: [{address: 10.77.0.27, weight: 3}, 10.77.0.28]
-";
+const V3: &str = include_str!("pools/reload-v3.yaml");
 fn pool_v4() -> String {
     V0.replace(
         "[10.77.0.21, 10.77.0.22, 10.77.0.23]",

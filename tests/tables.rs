@@ -1,29 +1,18 @@
 //! Properties of the destination tables (seed 000's "What to test", for both algorithms), checked
 //! against straightforward reference implementations of the README's table spec. No root needed.
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use std::collections::HashSet;
 
 use lb::config::Algorithm;
 use lb::table::{self, maglev, ring, Member, Table};
+use rng::Rng;
 use xxhash_rust::xxh64::xxh64;
 
 const M: u32 = 65537;
 const ALGORITHMS: [Algorithm; 3] = [Algorithm::Ring, Algorithm::Maglev, Algorithm::Bounded];
-
-/// A small deterministic generator, so every run tests the same pools.
-struct SplitMix(u64);
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn ids(n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("10.0.{}.{}", i / 250, i % 250 + 1)).collect()
@@ -115,7 +104,7 @@ fn owners(t: &Table) -> Vec<Option<usize>> {
 
 #[test]
 fn ring_matches_the_reference_spec_on_random_pools() {
-    let mut rng = SplitMix(1);
+    let mut rng = Rng(1);
     for case in 0..40 {
         let n = 1 + rng.below(12) as usize;
         let all = ids(n);
@@ -132,7 +121,7 @@ fn ring_matches_the_reference_spec_on_random_pools() {
 fn large_rings_built_on_two_threads_match_the_reference_spec() {
     // Over 65,536 tokens the builder splits the hashing over two threads; the split falls
     // inside the identity order, so ties and ranks must still come out as the spec says.
-    let mut rng = SplitMix(9);
+    let mut rng = Rng(9);
     for (n, vnodes, slots) in [(500usize, 150u32, 65537u32), (3, 30000, 4099), (1000, 70, 1000)] {
         let all = ids(n);
         let weights: Vec<u32> = (0..n).map(|_| 1 + rng.below(5) as u32).collect();
@@ -144,7 +133,7 @@ fn large_rings_built_on_two_threads_match_the_reference_spec() {
 
 #[test]
 fn a_ring_cache_builds_exactly_what_a_fresh_build_does_through_any_sequence_of_changes() {
-    let mut rng = SplitMix(21);
+    let mut rng = Rng(21);
     let all = ids(40);
     for (vnodes, slots) in [(50u32, 4099u32), (150, 65537), (7, 97)] {
         let mut cache = ring::RingCache::default();
@@ -173,7 +162,7 @@ fn a_ring_cache_builds_exactly_what_a_fresh_build_does_through_any_sequence_of_c
 
 #[test]
 fn maglev_matches_the_reference_spec_on_random_pools() {
-    let mut rng = SplitMix(2);
+    let mut rng = Rng(2);
     for case in 0..40 {
         let n = 1 + rng.below(12) as usize;
         let all = ids(n);
@@ -203,7 +192,7 @@ fn reordering_backends_does_not_change_the_table() {
     let weights: Vec<u32> = (0..30).map(|i| 1 + i % 4).collect();
     let m = members(&all, &weights);
     let mut shuffled = m.clone();
-    let mut rng = SplitMix(3);
+    let mut rng = Rng(3);
     for i in (1..shuffled.len()).rev() {
         shuffled.swap(i, rng.below(i as u64 + 1) as usize);
     }
@@ -489,7 +478,7 @@ fn reference_bounded(m: &[Member], slots: u32, bound: u32) -> Vec<Option<usize>>
 
 #[test]
 fn bounded_matches_the_reference_spec_on_random_pools() {
-    let mut r = SplitMix(0xb0b0_1234);
+    let mut r = Rng(0xb0b0_1234);
     for round in 0..40 {
         let n = 1 + r.below(24) as usize;
         let ids = ids(n);

@@ -5,6 +5,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// XDP actions (the kernel's enum xdp_action), as BPF_PROG_TEST_RUN returns them.
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+
 pub const IFMAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
 
