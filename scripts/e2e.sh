@@ -14,12 +14,14 @@
 # helpers only it uses); scripts/e2e/lib.sh holds what more than one feature shares.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=scripts/lib/topology.sh
-source scripts/lib/topology.sh
-
 LB=${LB:-target/release/lb}
 # A second build whose map layout differs (cargo feature layout-test), for the upgrade test.
 LB_NEXT=${LB_NEXT:-target/release/lb-layout-test}
+# The routed topology's backends run lb decap: the lb under test, unless TOPO_LB names another
+# (as the bridge topology's backends do, through decap_up).
+TOPO_LB=${TOPO_LB:-$LB}
+# shellcheck source=scripts/lib/topology.sh
+source scripts/lib/topology.sh
 E2E=$TOPO_E2E
 TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
