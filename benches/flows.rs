@@ -22,7 +22,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::ProgramInput;
 
 use lb::config::parse_str;
-use lb::dataplane::{types, Dataplane};
+use lb::balancer::Balancer;
+use lb::dataplane::types;
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod floor {
@@ -142,7 +143,7 @@ fn median(v: &[Pass]) -> Pass {
 /// runs one packet and gives (XDP action, in-kernel time).
 #[allow(clippy::too_many_arguments)]
 fn pass(
-    dp: &Dataplane,
+    dp: &Balancer,
     dport: u16,
     w: u64,
     every: u64,
@@ -180,9 +181,9 @@ fn main() -> anyhow::Result<()> {
     let a = args()?;
     let pool = parse_str("bench.yaml", POOL)?;
     // One data plane per forwarding mode, so that each one's flow table holds W flows, not 2 W.
-    let load = || -> anyhow::Result<Dataplane> {
+    let load = || -> anyhow::Result<Balancer> {
         let mut dp =
-            Dataplane::load_sized(lb::dataplane::DEFAULT_TABLE_CAPACITY, a.conntrack_size)?;
+            Balancer::load_sized(lb::dataplane::DEFAULT_TABLE_CAPACITY, a.conntrack_size)?;
         dp.set_encap_sources(Some(("10.99.0.2".parse()?, 32)), None)?;
         dp.install(&pool, [0x02, 0, 0, 0, 0, 1], &|addr| match addr {
             std::net::IpAddr::V4(v4) => Some([0x02, 0xbb, 0, 0, 0, v4.octets()[3]]),

@@ -8,7 +8,8 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use lb::config::parse_str;
-use lb::dataplane::{Dataplane, DEFAULT_TABLE_CAPACITY};
+use lb::balancer::Balancer;
+use lb::dataplane::DEFAULT_TABLE_CAPACITY;
 use lb::diff;
 
 fn pool(n: usize, weight: impl Fn(usize) -> u32, skip: Option<usize>) -> String {
@@ -58,7 +59,7 @@ fn main() -> anyhow::Result<()> {
         let (mut apply, mut total) = (Vec::new(), Vec::new());
         let mut written = 0;
         for _ in 0..runs {
-            let mut dp = Dataplane::load(DEFAULT_TABLE_CAPACITY)?;
+            let mut dp = Balancer::load(DEFAULT_TABLE_CAPACITY)?;
             dp.install(&a, [2, 0, 0, 0, 0, 1], &mac)?;
             let t = Instant::now();
             let parsed = parse_str("after.yaml", &after)?;
@@ -85,7 +86,7 @@ fn main() -> anyhow::Result<()> {
 fn scrape(text: &str, runs: usize) -> anyhow::Result<()> {
     use lb::metrics::{encode_plane, BackendModel, Model, ServiceModel};
     let pool = parse_str("pool.yaml", text)?;
-    let mut dp = Dataplane::load(DEFAULT_TABLE_CAPACITY)?;
+    let mut dp = Balancer::load(DEFAULT_TABLE_CAPACITY)?;
     dp.install(&pool, [2, 0, 0, 0, 0, 1], &|_| Some([2, 0, 0, 0, 0, 2]))?;
     let live = &dp.installed()[0];
     let s = &pool.services[0];

@@ -20,7 +20,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::ProgramInput;
 
 use lb::config::parse_str;
-use lb::dataplane::{types, Dataplane};
+use lb::balancer::Balancer;
+use lb::dataplane::types;
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod floor {
@@ -92,7 +93,7 @@ fn main() -> anyhow::Result<()> {
     let (repeat, rounds) = if quick { (10_000u32, 1) } else { (2_000_000u32, 15) };
 
     let pool = parse_str("bench.yaml", POOL)?;
-    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY)?;
+    let mut dp = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY)?;
     dp.set_encap_sources(Some(("10.99.0.2".parse()?, 32)), None)?;
     dp.install(&pool, [0x02, 0, 0, 0, 0, 1], &|a| match a {
         std::net::IpAddr::V4(v4) => Some([0x02, 0xbb, 0, 0, 0, v4.octets()[3]]),
@@ -174,7 +175,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Encapsulated paths, one run per call (see the top of this file).
-fn encapsulated(dp: &Dataplane, floor: &floor::FloorSkel, plain: &[u8], floor_rep: f64, l2_rep: f64, quick: bool) -> anyhow::Result<()> {
+fn encapsulated(dp: &Balancer, floor: &floor::FloorSkel, plain: &[u8], floor_rep: f64, l2_rep: f64, quick: bool) -> anyhow::Result<()> {
     use types::lb_stat as S;
     let (calls, rounds) = if quick { (200, 1) } else { (100_000, 5) };
     let vip = [10, 99, 0, 100];

@@ -5,8 +5,14 @@
 //! ([`diff`]), the reload planner ([`plan`]), the flow hash ([`flowhash`]), counters ([`stats`]) and the text and JSON that the
 //! commands print ([`report`]). None of it needs root, a kernel or libbpf, so every rule of the
 //! design can be tested anywhere. The one exception is [`dataplane`], the only module that talks
-//! to the kernel (BPF maps and programs, links, netlink); nothing in the pure modules uses it.
+//! to the kernel (BPF maps and programs, links, netlink); nothing in the pure modules uses it, and
+//! it uses the pure modules' types only as data, never their builders or planner.
+//!
+//! [`balancer`] joins the two: a loaded data plane and the controller's mirror of its maps. It
+//! builds the tables, plans each change and hands the operations to the data plane to execute,
+//! so the imports run one way: balancer -> dataplane -> core types, and balancer -> core.
 
+pub mod balancer;
 pub mod config;
 pub mod dataplane;
 pub mod diff;

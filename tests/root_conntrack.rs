@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::packet::*;
 use lb::config::{parse_str, BackendState, HashMode, Pool};
-use lb::dataplane::{types, Dataplane};
+use lb::balancer::Balancer;
+use lb::dataplane::types;
 use lb::flowhash::flow_hash;
 use lb::table;
 
@@ -31,15 +32,15 @@ fn pool(text: &str) -> Pool {
     parse_str("p.yaml", text).expect("valid")
 }
 
-fn setup() -> (Dataplane, Pool) {
+fn setup() -> (Balancer, Pool) {
     setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, true)
 }
 
 /// [`setup`] with a flow table of `conntrack_size` slots and the guard on or off.
-fn setup_with(conntrack_size: u32, guard: bool) -> (Dataplane, Pool) {
+fn setup_with(conntrack_size: u32, guard: bool) -> (Balancer, Pool) {
     common::require_root();
     let p = pool(A);
-    let mut dp = Dataplane::load_sized(1 << 20, conntrack_size).expect("load");
+    let mut dp = Balancer::load_sized(1 << 20, conntrack_size).expect("load");
     dp.set_conntrack_guard(guard).expect("guard");
     let macs = |a: IpAddr| Some(mac(a));
     dp.install(&p, IFMAC, &macs).expect("install");
@@ -58,13 +59,13 @@ fn table_says(pool: &Pool, service: &str, src: Ipv4Addr, sport: u16) -> IpAddr {
     s.backends[t.owner((h % s.slots) as usize).expect("owner")].address
 }
 
-fn tcp(dp: &Dataplane, src: Ipv4Addr, sport: u16, flags: u8) -> IpAddr {
+fn tcp(dp: &Balancer, src: Ipv4Addr, sport: u16, flags: u8) -> IpAddr {
     let (action, out) = dp.test_run(&ipv4_simple(src, v4("10.99.0.100"), L4::Tcp { sport, dport: 80, flags })).expect("run");
     assert_eq!(action, XDP_TX);
     IpAddr::V4(Ipv4Addr::new(10, 99, 0, out[5]))
 }
 
-fn udp(dp: &Dataplane, src: Ipv4Addr, sport: u16) -> IpAddr {
+fn udp(dp: &Balancer, src: Ipv4Addr, sport: u16) -> IpAddr {
     let (action, out) = dp.test_run(&ipv4_simple(src, v4("10.99.0.100"), L4::Udp { sport, dport: 53 })).expect("run");
     assert_eq!(action, XDP_TX);
     IpAddr::V4(Ipv4Addr::new(10, 99, 0, out[5]))
@@ -86,7 +87,7 @@ fn moving_flows(a: &Pool, b: &Pool, service: &str, n: usize) -> Vec<(Ipv4Addr, u
     out
 }
 
-fn ct(dp: &Dataplane, stat: types::lb_stat) -> u64 {
+fn ct(dp: &Balancer, stat: types::lb_stat) -> u64 {
     dp.stat(stat).expect("stat")
 }
 
@@ -210,7 +211,7 @@ fn root_udp_entries_age_out_and_a_reset_ends_a_tcp_entry() {
 }
 
 /// A flow's handshake: the SYN, then the client's ACK (which makes the established entry).
-fn handshake(dp: &Dataplane, src: Ipv4Addr, sport: u16) -> IpAddr {
+fn handshake(dp: &Balancer, src: Ipv4Addr, sport: u16) -> IpAddr {
     let first = tcp(dp, src, sport, SYN);
     assert_eq!(
         tcp(dp, src, sport, ACK),
@@ -223,7 +224,7 @@ fn handshake(dp: &Dataplane, src: Ipv4Addr, sport: u16) -> IpAddr {
 /// 200 established flows, then `syns` spoofed SYNs (never followed by an ACK) from as many
 /// sources into a flow table of 4,096 entries, then a table change that moves every one of the
 /// 200: how many still reach their own backend.
-fn flood(guard: bool, syns: u32) -> (usize, Dataplane) {
+fn flood(guard: bool, syns: u32) -> (usize, Balancer) {
     let (mut dp, a) = setup_with(4096, guard);
     let b = pool(&A.replacen(
         "[10.99.0.11, 10.99.0.12, 10.99.0.13]",

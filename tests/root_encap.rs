@@ -11,7 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use common::packet::*;
 use lb::config::{parse_str, Pool};
 use lb::dataplane::decap::Decap;
-use lb::dataplane::{types, Dataplane};
+use lb::balancer::Balancer;
+use lb::dataplane::types;
 use lb::flowhash::flow_hash;
 use lb::table;
 
@@ -39,10 +40,10 @@ fn neighbour_mac(a: IpAddr) -> Option<[u8; 6]> {
 
 /// The data plane with POOL installed: encapsulated backends behind the router, IPv4 sources
 /// varying over 10.99.0.0/24, a fixed IPv6 source, MTU 1500.
-fn setup_pool(text: &str) -> (Dataplane, Pool) {
+fn setup_pool(text: &str) -> (Balancer, Pool) {
     common::require_root();
     let pool = parse_str("pool.yaml", text).expect("fixture pool is valid");
-    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    let mut dp = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
     dp.set_encap_sources(Some((SRC4.parse().expect("v4"), 24)), Some((SRC6.parse().expect("v6"), 128))).expect("sources");
     dp.set_mtu(1500).expect("mtu");
     for s in pool.services.iter().filter(|s| s.forward.encapsulates()) {
@@ -54,7 +55,7 @@ fn setup_pool(text: &str) -> (Dataplane, Pool) {
     (dp, pool)
 }
 
-fn setup() -> (Dataplane, Pool) {
+fn setup() -> (Balancer, Pool) {
     setup_pool(POOL)
 }
 
@@ -147,12 +148,12 @@ fn df() -> V4Opts {
     V4Opts { dont_fragment: true, ..Default::default() }
 }
 
-fn stat(dp: &Dataplane, s: types::lb_stat) -> u64 {
+fn stat(dp: &Balancer, s: types::lb_stat) -> u64 {
     dp.stat(s).expect("stat")
 }
 
 /// Runs one frame that must be sent encapsulated, exactly as `expected`, and counted forwarded.
-fn assert_tx(dp: &Dataplane, what: &str, input: &[u8], expected: &[u8]) -> Vec<u8> {
+fn assert_tx(dp: &Balancer, what: &str, input: &[u8], expected: &[u8]) -> Vec<u8> {
     let before = dp.forwarded().expect("forwarded");
     let (action, out) = dp.test_run(input).expect("test_run");
     assert_eq!(action, XDP_TX, "{what}: action");

@@ -25,7 +25,8 @@ use std::time::Instant;
 use common::packet::*;
 use common::rng::Rng;
 use lb::config::parse_str;
-use lb::dataplane::{types, Dataplane};
+use lb::balancer::Balancer;
+use lb::dataplane::types;
 
 const POOL: &str = include_str!("pools/fuzz-packets.yaml");
 
@@ -263,7 +264,7 @@ impl Oracle {
 }
 
 /// The outcome counters: passed, each drop reason, too_big.
-fn outcomes(dp: &Dataplane) -> [u64; 9] {
+fn outcomes(dp: &Balancer) -> [u64; 9] {
     use types::lb_stat as S;
     let ids = [
         S::LB_STAT_PASSED,
@@ -282,7 +283,7 @@ fn outcomes(dp: &Dataplane) -> [u64; 9] {
 /// Runs the fuzzer for `secs` from `seed`; returns (packets, per-action counts).
 pub fn run(seed: u64, secs: f64, max_packets: u64) -> (u64, [u64; 5]) {
     let pool = parse_str("fuzz.yaml", POOL).expect("the fuzz pool is valid");
-    let mut dp = Dataplane::load(1 << 20).expect("load");
+    let mut dp = Balancer::load(1 << 20).expect("load");
     dp.set_encap_sources(Some(("10.99.0.2".parse().expect("addr"), 24)), Some(("fd99::2".parse().expect("addr"), 128))).expect("sources");
     dp.set_mtu(1500).expect("mtu");
     dp.install(&pool, IFMAC, &mac_of).expect("install");

@@ -11,7 +11,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use common::packet::*;
 use lb::config::{parse_str, Pool};
-use lb::dataplane::{types, Dataplane};
+use lb::balancer::Balancer;
+use lb::dataplane::types;
 use lb::flowhash::flow_hash;
 use lb::table;
 
@@ -24,15 +25,15 @@ fn backend_mac(addr: IpAddr) -> Option<[u8; 6]> {
     }
 }
 
-fn setup_with(mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> (Dataplane, Pool) {
+fn setup_with(mac_of: &dyn Fn(IpAddr) -> Option<[u8; 6]>) -> (Balancer, Pool) {
     common::require_root();
     let pool = parse_str("pool.yaml", POOL).expect("fixture pool is valid");
-    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    let mut dp = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
     dp.install(&pool, IFMAC, mac_of).expect("install");
     (dp, pool)
 }
 
-fn setup() -> (Dataplane, Pool) {
+fn setup() -> (Balancer, Pool) {
     setup_with(&backend_mac)
 }
 
@@ -68,7 +69,7 @@ enum Counter {
     Stat(types::lb_stat),
 }
 
-fn counter(dp: &Dataplane, c: Counter) -> u64 {
+fn counter(dp: &Balancer, c: Counter) -> u64 {
     match c {
         Counter::Forwarded => dp.forwarded().expect("forwarded"),
         Counter::Stat(s) => dp.stat(s).expect("stat"),
@@ -88,7 +89,7 @@ fn drop(description: &'static str, input: Vec<u8>, counter: types::lb_stat) -> F
     Fixture { description, output: input.clone(), input, action: XDP_DROP, counter: Counter::Stat(counter) }
 }
 
-fn run_fixtures(dp: &Dataplane, fixtures: &[Fixture]) {
+fn run_fixtures(dp: &Balancer, fixtures: &[Fixture]) {
     for f in fixtures {
         let before = counter(dp, f.counter);
         let (action, out) = dp.test_run(&f.input).expect("test_run");
@@ -375,7 +376,7 @@ fn root_keys_that_share_an_index_entry_are_told_apart() {
 "
     );
     let pool = parse_str("shared.yaml", &text).expect("valid");
-    let mut dp = Dataplane::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    let mut dp = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
     dp.install(&pool, IFMAC, &backend_mac).expect("install");
     let client = v4("192.0.2.7");
     let fixtures = vec![
@@ -393,7 +394,7 @@ fn root_keys_that_share_an_index_entry_are_told_apart() {
 }
 
 /// The backend MAC each of `flows` reaches through the program.
-fn macs_of(dp: &Dataplane, vip: Ipv4Addr, port: u16, flows: &[(Ipv4Addr, u16)]) -> Vec<Option<[u8; 6]>> {
+fn macs_of(dp: &Balancer, vip: Ipv4Addr, port: u16, flows: &[(Ipv4Addr, u16)]) -> Vec<Option<[u8; 6]>> {
     flows
         .iter()
         .map(|&(src, sport)| {
@@ -430,7 +431,7 @@ fn root_apply_switches_live_tables_to_each_new_pool() {
         base.replace("port: 8080", "port: 9090"),
         base.to_string(),
     ];
-    let mut dp = Dataplane::load(1 << 20).expect("load");
+    let mut dp = Balancer::load(1 << 20).expect("load");
     let mut next = rng(11);
     let flows: Vec<(Ipv4Addr, u16)> = (0..3000).map(|_| {
         let r = next();

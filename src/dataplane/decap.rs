@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{addr_words, bytes_of, value_of};
+use super::encode::{addr_words, bytes_of, value_of};
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod skel {

@@ -1,0 +1,187 @@
+//! The data plane's counters: the plane-wide ones of enum lb_stat (drops by reason, connection
+//! tracking), each backend's traffic, and the flow table's occupancy, summed over CPUs, read
+//! from this process's maps, a pinned plane's, or handles opened for another thread.
+
+use std::net::IpAddr;
+
+use anyhow::Result;
+use libbpf_rs::{MapCore, MapFlags};
+
+use crate::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
+
+use super::encode::value_of;
+use super::{types, Dataplane, MapSource};
+
+/// The counter maps of a running data plane, opened again for another thread (the metrics
+/// server reads them at scrape time without touching the serve loop's state).
+#[derive(Debug)]
+pub struct CounterMaps {
+    stats: libbpf_rs::MapHandle,
+    traffic: libbpf_rs::MapHandle,
+    flows: libbpf_rs::MapHandle,
+}
+
+impl Dataplane {
+    pub fn counter_maps(&self) -> Result<CounterMaps> {
+        let m = &self.skel.maps;
+        Ok(CounterMaps {
+            stats: libbpf_rs::MapHandle::try_from(&m.stats)?,
+            traffic: libbpf_rs::MapHandle::try_from(&m.backend_traffic)?,
+            flows: libbpf_rs::MapHandle::try_from(&m.flows)?,
+        })
+    }
+
+    /// A counter of enum lb_stat, summed over CPUs.
+    pub fn stat(&self, stat: types::lb_stat) -> Result<u64> {
+        percpu_sum(&self.skel.maps.stats, stat.0)
+    }
+
+    /// The plane-wide counters, in a snapshot with no services yet (and so nothing forwarded).
+    pub fn counters(&self) -> Result<Snapshot> {
+        counters_of(&self.skel.maps.stats)
+    }
+
+    /// Backend `id`'s traffic, summed over CPUs.
+    pub fn traffic(&self, id: u32) -> Result<Traffic> {
+        traffic_of(&self.skel.maps.backend_traffic, id)
+    }
+
+    /// The number of established flows in the flow table (walks it).
+    pub fn flow_count(&self) -> Result<u64> {
+        count_flows(&self.skel.maps.flows)
+    }
+
+    /// The established flows: (slot, tag, backend id), for tests and tools.
+    pub fn flow_slots(&self) -> Result<Vec<(u32, u64, u32)>> {
+        let mut out = Vec::new();
+        for (k, v) in self.skel.maps.flows.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+            let f = value_of::<types::lb_flow>(&v);
+            if f.tag != 0 {
+                out.push((value_of::<u32>(&k), f.tag, f.backend as u32));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl CounterMaps {
+    /// Every counter, for the services and backends of `model` (by backend id).
+    pub fn snapshot(&self, model: &crate::metrics::Model) -> Result<Snapshot> {
+        let mut snap = counters_of(&self.stats)?;
+        snap.services.reserve(model.services.len());
+        for s in &model.services {
+            let mut backends = Vec::with_capacity(s.backends.len());
+            let mut total = Traffic::default();
+            for b in &s.backends {
+                let t = traffic_of(&self.traffic, b.id)?;
+                total.packets += t.packets;
+                total.bytes += t.bytes;
+                backends.push(BackendCounters {
+                    label: b.identity.clone(),
+                    address: b.address.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
+                    weight: b.weight,
+                    mac_known: b.mac_known,
+                    health: None,
+                    traffic: t,
+                });
+            }
+            snap.forwarded += total.packets;
+            snap.services.push(ServiceCounters { name: s.name.clone(), endpoint: format!("{}:{}/{}", s.vip, s.port, s.protocol), traffic: total, backends });
+        }
+        Ok(snap)
+    }
+
+    /// Entries in the flow table, counted by walking it in batches.
+    pub fn flow_entries(&self) -> Result<u64> {
+        count_flows(&self.flows)
+    }
+}
+
+/// The plane-wide counters of `src` (see [`Dataplane::counters`]).
+pub fn plane_counters(src: &dyn MapSource) -> Result<Snapshot> {
+    counters_of(src.map("stats")?)
+}
+
+/// Backend `id`'s traffic in `src`, summed over CPUs.
+pub fn backend_traffic(src: &dyn MapSource, id: u32) -> Result<Traffic> {
+    traffic_of(src.map("backend_traffic")?, id)
+}
+
+/// The established flows in the flow table of `src` (walks it).
+pub fn flow_entries(src: &dyn MapSource) -> Result<u64> {
+    count_flows(src.map("flows")?)
+}
+
+/// The counters of the stats map: passed, ICMP forwarded, drops and connection tracking, with
+/// no services and nothing forwarded yet.
+fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
+    use types::lb_stat as S;
+    let mut snap = Snapshot {
+        forwarded: 0,
+        passed: percpu_sum(stats, S::LB_STAT_PASSED.0)?,
+        drops: Vec::with_capacity(8),
+        conntrack: Vec::with_capacity(6),
+        icmp_forwarded: percpu_sum(stats, S::LB_ICMP_FORWARDED.0)?,
+        services: Vec::new(),
+    };
+    for (name, stat) in drop_counters() {
+        snap.drops.push((name, percpu_sum(stats, stat.0)?));
+    }
+    for (name, stat) in ct_counters() {
+        snap.conntrack.push((name, percpu_sum(stats, stat.0)?));
+    }
+    Ok(snap)
+}
+
+/// Counter names and their enum lb_stat values, in the data plane's order.
+fn drop_counters() -> [(&'static str, types::lb_stat); 8] {
+    use types::lb_stat as S;
+    [
+        ("malformed", S::LB_DROP_MALFORMED),
+        ("no_backend", S::LB_DROP_NO_BACKEND),
+        ("no_mac", S::LB_DROP_NO_MAC),
+        ("fragment", S::LB_DROP_FRAGMENT),
+        ("no_table", S::LB_DROP_NO_TABLE),
+        ("too_big", S::LB_STAT_TOO_BIG),
+        ("oversize", S::LB_DROP_OVERSIZE),
+        ("encap", S::LB_DROP_ENCAP),
+    ]
+}
+
+fn ct_counters() -> [(&'static str, types::lb_stat); 6] {
+    use types::lb_stat as S;
+    [
+        ("hit", S::LB_CT_HIT),
+        ("miss", S::LB_CT_MISS),
+        ("new", S::LB_CT_NEW),
+        ("stale", S::LB_CT_STALE),
+        ("pending", S::LB_CT_PENDING),
+        ("evicted", S::LB_CT_EVICTED),
+    ]
+}
+
+/// Slots of a flow table (lb.h, struct lb_flow) that hold a flow: a nonzero tag.
+fn count_flows(m: &dyn MapCore) -> Result<u64> {
+    let mut n = 0;
+    for (_, v) in m.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+        n += (v.len() >= 8 && v[..8] != [0; 8]) as u64;
+    }
+    Ok(n)
+}
+
+fn percpu_sum(m: &dyn MapCore, key: u32) -> Result<u64> {
+    let per_cpu = m.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
+}
+
+/// One lb_traffic entry of a per-CPU map, summed over CPUs.
+fn traffic_of(map: &dyn MapCore, id: u32) -> Result<Traffic> {
+    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    let mut t = Traffic::default();
+    for v in per_cpu {
+        let cpu: types::lb_traffic = value_of(&v);
+        t.packets += cpu.packets;
+        t.bytes += cpu.bytes;
+    }
+    Ok(t)
+}

@@ -1,0 +1,385 @@
+//! Reusing a pinned data plane's maps across an upgrade: which maps a plane pins, whether each
+//! has this build's layout (compared through BTF), loading on those that do, carrying the flow
+//! table over entry by entry when its layout changed, and the lb_meta record that says which
+//! build and controller a pinned plane belongs to.
+
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::skel::OpenSkel;
+use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags};
+
+use super::encode::{bytes_of, value_of, LB_META_MAGIC};
+use super::skel::{self, LbSkel};
+use super::{pin, prog_id, types, Dataplane, FLOW_WAYS};
+
+/// The maps a data plane pins, by file name. The table maps come first: they must all be reused
+/// for a controller to adopt a data plane in place.
+pub const PINNED_MAPS: [&str; 15] = [
+    "vip_index",
+    "routes",
+    "services",
+    "table_slots",
+    "backend_gen",
+    "backends",
+    "backend_addrs",
+    "backend_meta",
+    "service_names",
+    "lb_meta",
+    "bss",
+    "flows",
+    "flow_pending",
+    "stats",
+    "backend_traffic",
+];
+const TABLE_MAPS: usize = 10;
+
+/// This build's layout and program identities (build.rs).
+pub const LAYOUT_HASH: &str = env!("LB_LAYOUT_HASH");
+pub const PROGRAM_HASH: &str = env!("LB_PROGRAM_HASH");
+
+pub fn layout_hash() -> u64 {
+    LAYOUT_HASH.parse().unwrap_or(0)
+}
+
+pub fn program_hash() -> u64 {
+    PROGRAM_HASH.parse().unwrap_or(0)
+}
+
+/// How to load on a pinned data plane's maps.
+pub struct Reuse {
+    /// Its directory (pin::plane_dir).
+    pub dir: std::path::PathBuf,
+    /// Its lb_meta says it has this build's layout: every map is reused as it is.
+    pub same_layout: bool,
+    /// Its program, whose BTF describes its maps when the layout differs.
+    pub old_prog_id: u32,
+}
+
+pub(super) fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'static str, &'a mut libbpf_rs::OpenMapMut<'o>)> {
+    let m = &mut open.maps;
+    vec![
+        ("vip_index", &mut m.vip_index),
+        ("routes", &mut m.routes),
+        ("services", &mut m.services),
+        ("table_slots", &mut m.table_slots),
+        ("backend_gen", &mut m.backend_gen),
+        ("backends", &mut m.backends),
+        ("backend_addrs", &mut m.backend_addrs),
+        ("backend_meta", &mut m.backend_meta),
+        ("service_names", &mut m.service_names),
+        ("lb_meta", &mut m.lb_meta),
+        ("bss", &mut m.bss),
+        ("flows", &mut m.flows),
+        ("flow_pending", &mut m.flow_pending),
+        ("stats", &mut m.stats),
+        ("backend_traffic", &mut m.backend_traffic),
+    ]
+}
+
+pub(super) fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'a libbpf_rs::MapMut<'o>)> {
+    let m = &skel.maps;
+    vec![
+        ("vip_index", &m.vip_index),
+        ("routes", &m.routes),
+        ("services", &m.services),
+        ("table_slots", &m.table_slots),
+        ("backend_gen", &m.backend_gen),
+        ("backends", &m.backends),
+        ("backend_addrs", &m.backend_addrs),
+        ("backend_meta", &m.backend_meta),
+        ("service_names", &m.service_names),
+        ("lb_meta", &m.lb_meta),
+        ("bss", &m.bss),
+        ("flows", &m.flows),
+        ("flow_pending", &m.flow_pending),
+        ("stats", &m.stats),
+        ("backend_traffic", &m.backend_traffic),
+    ]
+}
+
+/// A type's structure as BTF describes it, for comparing one build's map layout with another's:
+/// member names, offsets and types, recursively; sizes of arrays; variables of data sections.
+fn signature(btf: &libbpf_rs::btf::Btf<'_>, id: libbpf_rs::btf::TypeId, depth: u32) -> String {
+    use libbpf_rs::btf::{types, BtfKind, BtfType};
+    let Some(t) = btf.type_by_id::<BtfType<'_>>(id) else { return "?".to_string() };
+    let t = t.skip_mods_and_typedefs();
+    let name = t.name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if depth > 8 {
+        return name;
+    }
+    if let Ok(c) = types::Composite::try_from(t) {
+        let members: Vec<String> = c
+            .iter()
+            .map(|m| {
+                let n = m.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                format!("{n}@{:?}:{}", m.attr, signature(btf, m.ty, depth + 1))
+            })
+            .collect();
+        return format!("{name}{{{}}}", members.join(";"));
+    }
+    if let Ok(a) = types::Array::try_from(t) {
+        return format!("[{}; {}]", signature(btf, a.contained_type().type_id(), depth + 1), a.capacity());
+    }
+    if t.kind() == BtfKind::DataSec {
+        if let Ok(d) = types::DataSec::try_from(t) {
+            let vars: Vec<String> = d
+                .iter()
+                .map(|v| {
+                    let var = btf.type_by_id::<BtfType<'_>>(v.ty);
+                    let vname = var.and_then(|x| x.name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let inner = var.and_then(|x| x.next_type()).map_or("?".to_string(), |x| signature(btf, x.type_id(), depth + 1));
+                    format!("{vname}@{}+{}:{inner}", v.offset, v.size)
+                })
+                .collect();
+            return format!("{name}{{{}}}", vars.join(";"));
+        }
+    }
+    format!("{:?}:{name}", t.kind())
+}
+
+/// Points the open skeleton's maps at a pinned data plane's wherever their layout allows, and
+/// returns the names of those that could not be (created fresh). Fails when a table map cannot
+/// be reused: then the data plane cannot be adopted in place.
+pub(super) fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<Vec<&'static str>> {
+    // BTF only when the layouts differ: the old program's, and this object's.
+    let btfs = if r.same_layout {
+        None
+    } else {
+        let old = libbpf_rs::btf::Btf::from_prog_id(r.old_prog_id).context("reading the pinned program's BTF")?;
+        // SAFETY: the open object lives as long as `open`, which outlives this borrow.
+        let obj = unsafe { open.open_object().as_libbpf_object().as_ref() };
+        let new = libbpf_rs::btf::Btf::from_bpf_object(obj)?.context("this build's BPF object has no BTF")?;
+        Some((old, new))
+    };
+    let mut fresh: Vec<&'static str> = Vec::new();
+    for (name, map) in open_maps(open) {
+        let path = r.dir.join(name);
+        if !path.exists() {
+            fresh.push(name);
+            continue;
+        }
+        let pinned = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
+        let info = pinned.info()?.info;
+        let sized = name == "table_slots" || name == "flows" || name == "flow_pending";
+        let same_shape = info.type_ == map.map_type() as u32
+            && info.key_size == map.key_size()
+            && info.value_size == map.value_size()
+            && (sized || info.max_entries == map.max_entries());
+        let same_layout = match &btfs {
+            None => true,
+            Some((old, new)) => {
+                // SAFETY: the map pointer comes from the open object and is valid for this call.
+                let (k, v) = unsafe {
+                    let p = map.as_libbpf_object().as_ptr();
+                    (libbpf_sys_btf_key(p), libbpf_sys_btf_value(p))
+                };
+                signature(old, info.btf_key_type_id.into(), 0) == signature(new, k.into(), 0)
+                    && signature(old, info.btf_value_type_id.into(), 0) == signature(new, v.into(), 0)
+            }
+        };
+        if same_shape && same_layout {
+            if sized {
+                map.set_max_entries(info.max_entries)?;
+            }
+            map.reuse_pinned_map(&path).with_context(|| format!("reusing the pinned map {}", path.display()))?;
+        } else {
+            fresh.push(name);
+        }
+    }
+    let tables: Vec<&str> = fresh.iter().copied().filter(|n| PINNED_MAPS[..TABLE_MAPS].contains(n)).collect();
+    if !tables.is_empty() {
+        bail!(
+            "the pinned data plane's table maps have another layout than this version's ({}); it cannot be \
+             adopted in place: remove it with `lb detach` (an outage) and attach anew",
+            tables.join(", ")
+        );
+    }
+    Ok(fresh)
+}
+
+/// # Safety
+/// `map` must point to a live `bpf_map` of an open or loaded object.
+unsafe fn libbpf_sys_btf_key(map: *const libbpf_rs::libbpf_sys::bpf_map) -> u32 {
+    libbpf_rs::libbpf_sys::bpf_map__btf_key_type_id(map)
+}
+
+/// # Safety
+/// `map` must point to a live `bpf_map` of an open or loaded object.
+unsafe fn libbpf_sys_btf_value(map: *const libbpf_rs::libbpf_sys::bpf_map) -> u32 {
+    libbpf_rs::libbpf_sys::bpf_map__btf_value_type_id(map)
+}
+
+/// Copies the bytes of `old` (a value of type `old_ty` in `old_btf`) into a value of type
+/// `new_ty` in `new_btf` of `new_size` bytes, member by member by name; members the old layout
+/// does not have are zero.
+fn convert(old: &[u8], old_btf: &libbpf_rs::btf::Btf<'_>, old_ty: u32, new_btf: &libbpf_rs::btf::Btf<'_>, new_ty: u32, new_size: usize) -> Vec<u8> {
+    use libbpf_rs::btf::{types, types::MemberAttr, BtfType};
+    let members = |btf: &libbpf_rs::btf::Btf<'_>, ty: u32, total: usize| -> Vec<(String, usize, usize)> {
+        let Some(t) = btf.type_by_id::<BtfType<'_>>(ty.into()) else { return Vec::new() };
+        let Ok(c) = types::Composite::try_from(t.skip_mods_and_typedefs()) else { return Vec::new() };
+        let mut out: Vec<(String, usize)> = c
+            .iter()
+            .filter_map(|m| match m.attr {
+                MemberAttr::Normal { offset } => Some((m.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), offset as usize / 8)),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|m| m.1);
+        let ends: Vec<usize> = out.iter().skip(1).map(|m| m.1).chain(std::iter::once(total)).collect();
+        out.into_iter().zip(ends).map(|((n, off), end)| (n, off, end.saturating_sub(off))).collect()
+    };
+    let mut value = vec![0u8; new_size];
+    let olds = members(old_btf, old_ty, old.len());
+    for (name, off, size) in members(new_btf, new_ty, new_size) {
+        if let Some((_, o_off, o_size)) = olds.iter().find(|m| m.0 == name) {
+            let n = size.min(*o_size).min(old.len().saturating_sub(*o_off)).min(new_size.saturating_sub(off));
+            value[off..off + n].copy_from_slice(&old[*o_off..*o_off + n]);
+        }
+    }
+    value
+}
+
+impl Dataplane {
+    /// Pins the maps named in `names` (all when None) under `dir`, replacing pins that are there.
+    pub fn pin_maps(&self, dir: &std::path::Path, names: Option<&[&str]>) -> Result<()> {
+        for (name, map) in loaded_maps(&self.skel) {
+            if names.is_some_and(|n| !n.contains(&name)) {
+                continue;
+            }
+            let path = dir.join(name);
+            let _ = std::fs::remove_file(&path);
+            pin::pin_fd(&map.as_fd(), &path)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every flow of the pinned flow table at `path` (another build's layout, described
+    /// by the BTF of program `old_prog_id`) into this data plane's, converting each entry by
+    /// member names, once before `switch` (which replaces the old program) and once after it,
+    /// for the flows the old program made in between. Entries already present are left alone.
+    /// Returns how many were copied.
+    pub fn carry_flows(&self, path: &std::path::Path, old_prog_id: u32, switch: impl FnOnce() -> Result<()>) -> Result<u64> {
+        // Read before the switch: the old program, and its BTF's last holder, goes with it.
+        let old_btf = libbpf_rs::btf::Btf::from_prog_id(old_prog_id).context("reading the pinned program's BTF")?;
+        let new_btf = libbpf_rs::btf::Btf::from_prog_id(prog_id(&self.skel.progs.lb_xdp)?).context("reading this program's BTF")?;
+        let mut tables = vec![(libbpf_rs::MapHandle::from_pinned_path(path)?, &self.skel.maps.flows, 2)];
+        // The half-open flows too, when the old version had them.
+        if let Ok(old) = libbpf_rs::MapHandle::from_pinned_path(path.with_file_name("flow_pending")) {
+            tables.push((old, &self.skel.maps.flow_pending, 1));
+        }
+        let copy = || -> Result<u64> {
+            let mut copied = 0;
+            for (old, new, choices) in &tables {
+                let info = old.info()?.info;
+                let new_info = new.info()?.info;
+                let convert_slot =
+                    |v: &[u8]| convert(v, &old_btf, info.btf_value_type_id, &new_btf, new_info.btf_value_type_id, new_info.value_size as usize);
+                let mut put = |slot: Vec<u8>| -> Result<()> {
+                    copied += put_flow(*new, new_info.max_entries / FLOW_WAYS, *choices, &slot)? as u64;
+                    Ok(())
+                };
+                if info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY {
+                    for (_, v) in old.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+                        if v.len() >= 8 && v[..8] != [0; 8] {
+                            put(convert_slot(&v))?;
+                        }
+                    }
+                } else {
+                    // A version before the set-associative table: an LRU hash keyed by the
+                    // 5-tuple (lb_flow_key), valued {backend u32, gen u32, seen_ms u64}.
+                    for k in old.keys() {
+                        let Some(v) = old.lookup(&k, MapFlags::ANY)? else { continue };
+                        if let Some(slot) = slot_from_keyed(&k, &v, new_info.value_size as usize) {
+                            put(slot)?;
+                        }
+                    }
+                }
+            }
+            Ok(copied)
+        };
+        let before = copy()?;
+        switch()?;
+        Ok(before + copy()?)
+    }
+
+    /// Writes lb_meta: this build's identities, the controller, the sizes.
+    pub fn write_meta(&self, attached_ms: u64, controller: Option<(u32, u64)>, ifindex: u32) -> Result<()> {
+        let sizes = self.sizes()?;
+        let meta = types::lb_meta {
+            magic: LB_META_MAGIC,
+            layout: layout_hash(),
+            program: program_hash(),
+            attached_ms,
+            controller_since: controller.map_or(0, |c| c.1),
+            controller_pid: controller.map_or(0, |c| c.0),
+            ifindex,
+            table_capacity: sizes.table_capacity,
+            conntrack_size: sizes.flows,
+            reserved: [0; 2],
+        };
+        self.skel.maps.lb_meta.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
+        Ok(())
+    }
+
+    /// Records in lb_meta the interface that holds the VIPs (--announce; 0: none), so that
+    /// `lb detach` can withdraw them.
+    pub fn set_announce_ifindex(&self, ifindex: u32) -> Result<()> {
+        let m = &self.skel.maps.lb_meta;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let mut meta: types::lb_meta = value_of(&v);
+        meta.reserved[0] = ifindex as u64;
+        m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
+        Ok(())
+    }
+}
+
+/// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into a free slot of the buckets its
+/// tag names (two for the flow table, one for the half-open table); false when the flow is there
+/// already or the buckets are full.
+fn put_flow(map: &dyn MapCore, buckets: u32, choices: usize, slot: &[u8]) -> Result<bool> {
+    let tag = u64::from_ne_bytes(slot[..8].try_into()?);
+    let first = crate::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
+    let second = crate::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
+    for i in [first..first + FLOW_WAYS, second..second + FLOW_WAYS].into_iter().take(choices).flatten() {
+        let cur = map.lookup(&i.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let cur_tag = cur.get(..8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+        if cur_tag == tag {
+            return Ok(false);
+        }
+        if cur_tag == 0 {
+            map.update(&i.to_ne_bytes(), slot, MapFlags::ANY)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A slot for an entry of the flow table's earlier form (an LRU hash: key struct lb_flow_key
+/// {src[16], dst[16], sport, dport, proto, family, pad[2]}; value {backend u32, gen u32,
+/// seen_ms u64}), in a slot of `size` bytes.
+fn slot_from_keyed(k: &[u8], v: &[u8], size: usize) -> Option<Vec<u8>> {
+    if k.len() < 38 || v.len() < 16 || size < 16 {
+        return None;
+    }
+    let addr = |b: &[u8]| -> Option<IpAddr> {
+        match k[37] {
+            4 => Some(IpAddr::from(<[u8; 4]>::try_from(&b[..4]).ok()?)),
+            6 => Some(IpAddr::from(<[u8; 16]>::try_from(&b[..16]).ok()?)),
+            _ => None,
+        }
+    };
+    let (src, dst) = (addr(&k[0..16])?, addr(&k[16..32])?);
+    let port = |i: usize| u16::from_be_bytes([k[i], k[i + 1]]);
+    let tag = crate::flowhash::flow_tag(src, dst, port(32), port(34), k[36]);
+    let backend = u32::from_ne_bytes(v[0..4].try_into().ok()?);
+    let gen = u32::from_ne_bytes(v[4..8].try_into().ok()?);
+    let seen_ms = u64::from_ne_bytes(v[8..16].try_into().ok()?);
+    let mut slot = vec![0u8; size];
+    slot[0..8].copy_from_slice(&tag.to_ne_bytes());
+    slot[8..10].copy_from_slice(&(backend as u16).to_ne_bytes());
+    slot[10..12].copy_from_slice(&(gen as u16).to_ne_bytes());
+    slot[12..16].copy_from_slice(&((seen_ms >> 4) as u32).to_ne_bytes());
+    Some(slot)
+}
