@@ -22,7 +22,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use lb::config::{self, Pool};
 use lb::dataplane::link::{self, mac_text, Interface, XdpMode};
 use lb::dataplane::netlink::{self, Neighbour};
-use lb::dataplane::Dataplane;
+use lb::balancer::Balancer as Dataplane;
 use lb::{report, stats, table};
 
 use crate::probe::{Job, Prober};
@@ -813,7 +813,7 @@ impl Server<'_> {
     }
 
     /// Installs the configured pool with health applied, and says what that changed.
-    fn install_effective(&mut self, why: &str) -> Result<Option<lb::dataplane::Applied>> {
+    fn install_effective(&mut self, why: &str) -> Result<Option<lb::balancer::Applied>> {
         let (pool, open) = health::effective(&self.configured, &self.health);
         for s in &open {
             if !self.failing_open.contains(s) {

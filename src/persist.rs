@@ -109,7 +109,7 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     // with resets.
     let mut withdrawn = Vec::new();
     if let Ok(maps) = PinnedMaps::open(&dir) {
-        if let (Some(dev), Ok(st)) = (maps.announce_ifindex()?, maps.status()) {
+        if let (Some(dev), Ok(st)) = (maps.announce_ifindex()?, lb::balancer::status(&maps)) {
             let mut nl = lb::dataplane::netlink::Socket::open()?;
             let vips: std::collections::BTreeSet<std::net::IpAddr> = st.services.iter().map(|s| s.vip).collect();
             for v in vips {
@@ -151,7 +151,7 @@ pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
     let meta = maps.meta()?.context("the pinned lb_meta has a format this version does not know")?;
     // A controller runs while it holds the directory's lock.
     let running = pin::try_lock(&dir)?.is_none();
-    let st = maps.status()?;
+    let st = lb::balancer::status(&maps)?;
     let mut out = std::io::stdout().lock();
     if json {
         let v = serde_json::json!({
