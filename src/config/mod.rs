@@ -32,6 +32,12 @@ pub const MAX_SERVICES: usize = 1024;
 /// Largest ring one service may build: each token is 16 bytes while the table is computed, so
 /// this bounds that transient memory to 64 MiB.
 pub const MAX_RING_TOKENS: u64 = 1 << 22;
+/// The default `load_bound` of `algorithm: bounded`, in thousandths (1.02).
+pub const DEFAULT_LOAD_BOUND: u32 = 1020;
+/// The range of `load_bound`, in thousandths (1.000 to 2.000). The limits live here, with the
+/// other limits of the file format; the bounded table builder reads them from here.
+pub const MIN_LOAD_BOUND: u32 = 1000;
+pub const MAX_LOAD_BOUND: u32 = 2000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -604,7 +610,7 @@ impl Validator<'_> {
             Some(n) => self.integer(n, &at.key("vnodes_per_weight"), 1, MAX_VNODES_PER_WEIGHT)?,
         };
         let load_bound = match Self::get(f, "load_bound") {
-            None => crate::table::bounded::DEFAULT_LOAD_BOUND,
+            None => DEFAULT_LOAD_BOUND,
             Some(_) if algorithm != Algorithm::Bounded => {
                 return Err(self.err(&at.key("load_bound"), "applies to `algorithm: bounded` only"));
             }
@@ -784,7 +790,6 @@ impl Validator<'_> {
 
     /// `1.02`: a number from 1.000 to 2.000 with at most three decimals, as thousandths.
     fn load_bound(&self, node: &Node, at: &FieldPath) -> Result<u32, ConfigError> {
-        use crate::table::bounded::{MAX_LOAD_BOUND, MIN_LOAD_BOUND};
         let bad = |what: String| self.err(at, format!("{what}: expected a number from 1.000 to 2.000 with at most three decimals"));
         let x = match node {
             Node::Int(i) => *i as f64,
