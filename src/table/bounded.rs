@@ -27,11 +27,10 @@ use xxhash_rust::xxh64::xxh64;
 
 use super::{Member, Table, EMPTY};
 
-/// The default `load_bound`, in thousandths (1.02).
-pub const DEFAULT_LOAD_BOUND: u32 = 1020;
-/// The range of `load_bound`, in thousandths (1.000 to 2.000).
-pub const MIN_LOAD_BOUND: u32 = 1000;
-pub const MAX_LOAD_BOUND: u32 = 2000;
+// The `load_bound` limits belong to the file format, so config owns them and the table takes
+// them from there (config sits below table). Re-exported so `table::bounded::DEFAULT_LOAD_BOUND`
+// and its neighbours keep their paths.
+pub use crate::config::{DEFAULT_LOAD_BOUND, MAX_LOAD_BOUND, MIN_LOAD_BOUND};
 
 const G: u64 = 0x9e37_79b9_7f4a_7c15;
 const PHI: u64 = 0x243f_6a88_85a3_08d3;
