@@ -5,10 +5,34 @@
  * a live backend, and the policy on top (tracked(): which packets make, keep, promote or remake
  * an entry, with or without the ct_guard; route_icmp(): an ICMP error to its flow's backend).
  * Its own header, as conntrack is its own concern beside routing: route.h decides for a flow
- * that has no usable entry, this file decides whether it has one. Included by lb.bpf.c after
- * route.h (pick(), send()) and parse.h (the TCP flags). */
+ * that has no usable entry, this file decides whether it has one. The two maps are defined here
+ * because nothing else reads them. Included by lb.bpf.c after maps.h (lb_settings, backends,
+ * backend_gen, count()), parse.h (the TCP flags) and route.h (pick(), send()). */
 #ifndef LB_FLOW_H
 #define LB_FLOW_H
+
+/* Established flows -> the backend each started on (lb.h, struct lb_flow): buckets of
+ * LB_FLOW_WAYS consecutive slots. Memory-mappable, so its values start on a page and every
+ * bucket is one aligned cache line. One table shared by all CPUs: the packets of one flow can
+ * arrive on different CPUs (RSS re-steering, a different receive queue after a link change).
+ * Several load balancers behind ECMP do not share it at all; there the table, which they all
+ * compute alike, keeps new flows consistent. User space sizes it (--conntrack-size). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_FLOW_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_flow);
+} flows SEC(".maps");
+
+/* Flows seen once (half-open), the same way; user space sizes it too. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_FLOW_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_flow);
+} flow_pending SEC(".maps");
 
 /* Flow tables count time in ticks of 2^LB_CT_TICK_SHIFT ms (16 ms): a 32-bit `seen` lasts two
  * years, and timeouts keep a precision far finer than a second. */
