@@ -13,7 +13,10 @@
 #define IP_OFFSET 0x1FFF
 #define IP_MF 0x2000
 #define IP_DF 0x4000
+/* Protocol numbers vmlinux.h lacks or has as enum constants (the underscore avoids a clash). */
 #define IPPROTO_ICMPV6_ 58
+#define IPPROTO_IPIP_ 4
+#define IPPROTO_IPV6_ 41
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
