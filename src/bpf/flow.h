@@ -6,8 +6,9 @@
  * an entry, with or without the ct_guard; route_icmp(): an ICMP error to its flow's backend).
  * Its own header, as conntrack is its own concern beside routing: route.h decides for a flow
  * that has no usable entry, this file decides whether it has one. The two maps are defined here
- * because nothing else reads them. Included by lb.bpf.c after maps.h (lb_settings, backends,
- * backend_gen, count()), parse.h (the TCP flags) and route.h (pick(), send()). */
+ * because no other part of the program touches them. Included by lb.bpf.c after maps.h
+ * (lb_settings, backends, backend_gen, count()), parse.h (the TCP flags) and route.h (pick(),
+ * send()). */
 #ifndef LB_FLOW_H
 #define LB_FLOW_H
 
