@@ -14,9 +14,6 @@
 #include "parse.h"
 #include "csum.h"
 
-#define IPPROTO_IPIP_ 4
-#define IPPROTO_IPV6_ 41
-
 /* This host's addresses (user space keeps it in step with the interfaces'). Only packets whose
  * outer destination is one of them are decapsulated: a router's transit traffic never is. */
 struct {

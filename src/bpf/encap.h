@@ -14,9 +14,6 @@
 #ifndef LB_ENCAP_H
 #define LB_ENCAP_H
 
-#define IPPROTO_IPIP_ 4
-#define IPPROTO_IPV6_ 41
-
 /* The outer protocol for an inner packet of `family` when the service uses `forward`. */
 static __always_inline __u8 outer_proto(__u32 forward, __u8 family)
 {

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
-/* The balancer's maps, one comment each, and the counters' helpers. */
+/* The balancer's maps, one comment each, and the counters' helpers. The two flow tables' maps
+ * (flows, flow_pending) are connection tracking's alone and live with it in flow.h. */
 #ifndef LB_MAPS_H
 #define LB_MAPS_H
 
@@ -45,29 +46,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb_slot_pair);
 } table_slots SEC(".maps");
-
-/* Established flows -> the backend each started on (lb.h, struct lb_flow): buckets of
- * LB_FLOW_WAYS consecutive slots. Memory-mappable, so its values start on a page and every
- * bucket is one aligned cache line. One table shared by all CPUs: the packets of one flow can
- * arrive on different CPUs (RSS re-steering, a different receive queue after a link change).
- * Several load balancers behind ECMP do not share it at all; there the table, which they all
- * compute alike, keeps new flows consistent. User space sizes it (--conntrack-size). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_FLOW_WAYS);
-	__type(key, __u32);
-	__type(value, struct lb_flow);
-} flows SEC(".maps");
-
-/* Flows seen once (half-open), the same way; user space sizes it too. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_FLOW_WAYS);
-	__type(key, __u32);
-	__type(value, struct lb_flow);
-} flow_pending SEC(".maps");
 
 /* Backend id -> its generation, bumped each time the id is given to a backend. */
 struct {

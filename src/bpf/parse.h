@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /* Packet parsing in cursor style: each header is taken with one bounds check, and a header that
- * is not all there is never read. Shared by the balancer (lb.bpf.c) and the backend-side
- * decapsulation program (decap.bpf.c). */
+ * is not all there is never read. Also the ports and TCP flags of a TCP or UDP header, and the
+ * parsed packet the forwarding steps share. Shared by the balancer (lb.bpf.c) and the
+ * backend-side decapsulation program (decap.bpf.c). */
 #ifndef LB_PARSE_H
 #define LB_PARSE_H
 
@@ -12,7 +13,13 @@
 #define IP_OFFSET 0x1FFF
 #define IP_MF 0x2000
 #define IP_DF 0x4000
+/* Protocol numbers vmlinux.h lacks or has as enum constants (the underscore avoids a clash). */
 #define IPPROTO_ICMPV6_ 58
+#define IPPROTO_IPIP_ 4
+#define IPPROTO_IPV6_ 41
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
 
 struct cursor {
 	void *pos;
@@ -28,6 +35,37 @@ static __always_inline void *take(struct cursor *c, __u32 len)
 		return NULL;
 	c->pos = p + len;
 	return p;
+}
+
+/* What parse_ports() found. */
+enum l4 {
+	L4_PORTS,     /* TCP or UDP, ports read */
+	L4_OTHER,     /* another protocol: not ours */
+	L4_MALFORMED, /* a TCP or UDP header that is not all there */
+};
+
+/* The ports of a TCP or UDP header, as the packet's bytes (network order), in one word:
+ * source port in the low half, destination port in the high half (memory order). */
+static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = take(c, sizeof(*th));
+
+		if (!th || th->doff < 5)
+			return L4_MALFORMED;
+		*ports = *(__u32 *)th;
+		*tcp_flags = ((__u8 *)th)[13];
+		return L4_PORTS;
+	}
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = take(c, sizeof(*uh));
+
+		if (!uh)
+			return L4_MALFORMED;
+		*ports = *(__u32 *)uh;
+		return L4_PORTS;
+	}
+	return L4_OTHER;
 }
 
 /* What the forwarding steps need to know of a packet once it is parsed. */

@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* From a parsed packet to a backend, without connection tracking: which service its destination
+ * address, port and protocol name (vip_index, then routes or services), which slot of that
+ * service's destination table its flow hash selects, which backend that slot holds, and sending
+ * the frame there in the service's forwarding mode. Kept apart from the flow table (flow.h),
+ * which only decides which backend a flow keeps and then hands it to send() here.
+ * Included by lb.bpf.c after lb.h, parse.h, maps.h and encap.h, whose names it uses. */
+#ifndef LB_ROUTE_H
+#define LB_ROUTE_H
+
+/* The last 4 bytes of a service key (port, protocol, family) as one word in memory order. */
+static __always_inline __u32 key_tail(__u16 port_be, __u8 proto, __u8 family)
+{
+	return (__u32)port_be | (__u32)proto << 16 | (__u32)family << 24;
+}
+
+/* The vip_index entry of a key, from the XOR of its five 32-bit words (in memory order).
+ * Mirrored in src/dataplane/mod.rs (vip_index()); the packet fixtures fail if the two disagree,
+ * since a service would then never be found. */
+static __always_inline __u32 lb_vip_index(__u32 words_xor)
+{
+	__u32 h = words_xor;
+
+	h ^= h >> 16;
+	h *= 0x9e3779b1u;
+	return h >> (32 - LB_VIP_INDEX_BITS);
+}
+
+/* The route of a key, or NULL: one array read for most packets, a hash lookup only for keys
+ * that share their index entry. `a` is the destination address (a[1..3] zero for IPv4). */
+static __always_inline const struct lb_service *find_route(const __u32 a[4], __u32 tail)
+{
+	__u32 idx = lb_vip_index(a[0] ^ a[1] ^ a[2] ^ a[3] ^ tail);
+	const struct lb_service *r;
+	__u32 *id;
+
+	id = bpf_map_lookup_elem(&vip_index, &idx);
+	if (!id || *id == 0)
+		return NULL;
+	if (*id == LB_VIP_INDEX_SHARED) {
+		struct lb_service_key key;
+
+		__builtin_memcpy(key.addr, a, 16);
+		__builtin_memcpy(&key.port, &tail, 4);
+		return bpf_map_lookup_elem(&services, &key);
+	}
+	r = bpf_map_lookup_elem(&routes, id);
+	if (!r)
+		return NULL;
+	/* The one route with this index: is it this packet's key? */
+	if (r->key.addr[0] != a[0] || r->key.addr[1] != a[1] || r->key.addr[2] != a[2] ||
+	    r->key.addr[3] != a[3] || *(const __u32 *)&r->key.port != tail)
+		return NULL;
+	return r;
+}
+
+/* The backend id the route's table gives `hash`, or 0 with the drop already counted. */
+static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
+{
+	struct lb_slot_pair *pair;
+	__u32 slot, half, id;
+
+	if (svc->slots == 0) {
+		count(LB_DROP_NO_BACKEND, XDP_DROP);
+		return 0;
+	}
+	slot = svc->base + hash % svc->slots;
+	half = slot >> 1;
+	pair = bpf_map_lookup_elem(&table_slots, &half);
+	if (!pair) {
+		count(LB_DROP_NO_TABLE, XDP_DROP);
+		return 0;
+	}
+	id = pair->id[slot & 1];
+	if (id == 0)
+		count(LB_DROP_NO_BACKEND, XDP_DROP);
+	return id;
+}
+
+/* Sends the packet to backend `id` in the service's forwarding mode. */
+static __always_inline int send(struct pkt *p, const struct lb_service *svc, __u32 id)
+{
+	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
+
+	if (!be || !(be->flags & LB_BACKEND_MAC_KNOWN))
+		return count(LB_DROP_NO_MAC, XDP_DROP);
+	if (svc->forward != LB_FWD_L2)
+		return encap(p, svc, id, be);
+	__builtin_memcpy(p->eth->h_dest, be->mac, 6);
+	__builtin_memcpy(p->eth->h_source, lb_settings.ifmac, 6);
+	/* Forwarded packets are counted per backend only; their total is the sum. */
+	add_traffic(id, p->bytes);
+	return XDP_TX;
+}
+
+/* The route of a packet has been found and hashed: pick the slot, the backend, and send. */
+static __always_inline int forward(struct pkt *p, const struct lb_service *svc)
+{
+	__u32 id = pick(svc, p->hash);
+
+	if (id == 0)
+		return XDP_DROP;
+	return send(p, svc, id);
+}
+
+#endif /* LB_ROUTE_H */
