@@ -1,6 +1,6 @@
 //! The data plane's flow hash, computed in user space too, so that tests and tools can predict
 //! which slot (and so which backend) a packet reaches. It must agree bit for bit with the
-//! hash in src/bpf/lb.bpf.c; the root packet tests check that it does on every path.
+//! hash in src/bpf/hash.h; the root packet tests check that it does on every path.
 //!
 //! The input is these bytes (addresses and ports in network byte order, exactly as they appear
 //! in the packet):

@@ -136,7 +136,7 @@ pub fn service_key_bytes(vip: IpAddr, port: u16, proto: Protocol) -> Vec<u8> {
     bytes_of(&service_key(vip, port, proto)).to_vec()
 }
 
-/// The vip_index entry of a key: the same function as lb_vip_index() in lb.bpf.c, on the same
+/// The vip_index entry of a key: the same function as lb_vip_index() in src/bpf/route.h, on the same
 /// raw (network-order) words. If the two disagreed, no service would ever be found, which every
 /// forwarding packet fixture would catch.
 fn vip_index(k: &types::lb_service_key) -> u32 {
