@@ -11,7 +11,7 @@
 //! backend (slots that change owner over the removed backend's slots), averaged over several
 //! choices of the backend. Every builder is a function of the set of backends, so adding a
 //! backend is the same change the other way round: its disruption (over the added backend's
-//! slots) is the same figure. README's trade-off table comes from this.
+//! slots) is the same figure. The trade-off table in docs/table-spec.md comes from this.
 //!
 //! Run: cargo bench --bench tables
 

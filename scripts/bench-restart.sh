@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Restarts and upgrades of a pinned data plane, measured (README "Restarts and upgrades"):
+# Restarts and upgrades of a pinned data plane, measured (docs/restarts.md):
 #   - the time from a new controller's start to its first reload applied on the adopted data
 #     plane, for one service of N backends (default 1000);
 #   - packets lost while 64-byte frames stream in (the veth benchmark's generator, native XDP):

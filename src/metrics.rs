@@ -132,7 +132,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     family(encoder, "lb_forwarded_packets", "Packets forwarded to each backend", MetricType::Counter, counters(per_backend(&|s, b| traffic(s, b).packets)))?;
     family(encoder, "lb_forwarded_bytes", "Bytes forwarded to each backend (frames as received)", MetricType::Counter, counters(per_backend(&|s, b| traffic(s, b).bytes)))?;
     let drops = DROP_REASONS.iter().map(|(r, _)| (vec![("reason", r.to_string())], ConstCounter::new(snap.drops.iter().find(|d| d.0 == *r).map_or(0, |d| d.1))));
-    family(encoder, "lb_dropped_packets", "Packets for a service that were not forwarded, by reason (README: Data plane)", MetricType::Counter, drops)?;
+    family(encoder, "lb_dropped_packets", "Packets for a service that were not forwarded, by reason (docs/data-plane.md)", MetricType::Counter, drops)?;
     family(encoder, "lb_passed_packets", "Packets not for a service, handed to the kernel unchanged", MetricType::Counter, [(Vec::new(), ConstCounter::new(snap.passed))])?;
     family(
         encoder,

@@ -1,6 +1,6 @@
 //! A data plane that outlives its controller (`lb attach --pin`), in network namespaces this
 //! test creates, with a bpffs it mounts under /run (a bpffs mounted inside `ip netns exec` would
-//! vanish with that command; see README "Restarts and upgrades"): a stopped controller leaves
+//! vanish with that command; see docs/restarts.md): a stopped controller leaves
 //! the program forwarding; a new one adopts it; `kill -9` at random points of reloads never
 //! leaves a table an adoption cannot repair; `lb detach` and `lb status`; and the clear errors
 //! and clean recoveries for pins that are not what they should be.

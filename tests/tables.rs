@@ -1,5 +1,5 @@
 //! Properties of the destination tables (seed 000's "What to test", for both algorithms), checked
-//! against straightforward reference implementations of the README's table spec. No root needed.
+//! against straightforward reference implementations of the table spec (docs/table-spec.md). No root needed.
 
 #[path = "common/rng.rs"]
 mod rng;
@@ -410,7 +410,7 @@ fn maglev_weights_four_two_three_one_within_one_slot() {
 // ---------------------------------------------------------------------------------------------
 // Golden tables: an accidental change of encoding (hash seed, byte order, tie-break, fill order)
 // changes these checksums. If a change is intended, it breaks every deployed fleet's agreement,
-// and the README's spec must change with it.
+// and the spec (docs/table-spec.md) must change with it.
 
 fn checksum(t: &Table, m: &[Member]) -> u64 {
     let mut bytes = Vec::new();
@@ -429,7 +429,7 @@ fn golden(alg: Algorithm, slots: u32, pool: &[(&str, u32)]) -> (u64, Vec<String>
 }
 
 // ---------------------------------------------------------------------------------------------
-// The bounded-load builder (README "Table spec", bounded).
+// The bounded-load builder (docs/table-spec.md, bounded).
 
 /// The spec, written plainly: at each step the member whose next event is earliest (compared by
 /// cross-multiplication; ties by identity hash, then identity bytes), scanned linearly.

@@ -2,7 +2,7 @@
 #ifndef LB_HASH_H
 #define LB_HASH_H
 
-/* ---- hashing: the flow hash, documented in README.md ("Flow hash") and src/flowhash.rs ----
+/* ---- hashing: the flow hash, documented in docs/data-plane.md ("Flow hash") and src/flowhash.rs ----
  * The input is split into 8-byte little-endian lanes (a 4-byte input is one lane, zero-extended).
  * h = LB_HASH_SEED ^ (len * K); for each lane x: h = (h ^ x) * K; then MurmurHash3's 64-bit
  * finalizer (fmix64); the hash is the low 32 bits. K is 2^64 / golden ratio. One multiply per

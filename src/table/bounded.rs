@@ -1,7 +1,7 @@
 //! The bounded-load table (`algorithm: bounded`): Maglev's balance with a fraction of its
 //! disruption. A stable matching between slots and backends, with a cap on each backend's slots.
 //!
-//! Spec (README.md, "Table spec"):
+//! Spec (docs/table-spec.md):
 //! - members with weight > 0; for each, `h = xxh64(identity, 0)` and a phase
 //!   `P = mix64(h ^ PHI) >> 11` (53 bits), where mix64 is SplitMix64's finalizer;
 //! - cap `c = ceil(load_bound * M * w / W)`, in integers with load_bound in thousandths;

@@ -1,6 +1,6 @@
 //! The Maglev lookup table (seed 001), with weights.
 //!
-//! Spec (README.md, "Table spec"):
+//! Spec (docs/table-spec.md):
 //! - members with weight > 0, ordered by identity bytes;
 //! - `offset = xxh64(identity, 0) % M`, `skip = xxh64(identity, 1) % (M - 1) + 1`; preference j
 //!   of a member is `(offset + j * skip) % M`;

@@ -3,7 +3,7 @@
 //! The builders (ring, Maglev, bounded) are pure functions of (identities, weights, table size,
 //! and for the ring the tokens per weight, for the bounded table its load bound). They never look at the order in which backends were listed, the
 //! machine, or the time, so several load balancers given the same pool agree slot for slot.
-//! The exact algorithms are written down in README.md ("Table spec"); the code follows it.
+//! The exact algorithms are written down in docs/table-spec.md; the code follows it.
 
 pub mod bounded;
 pub mod maglev;

@@ -1,6 +1,6 @@
 //! The consistent hash ring compiled into a fixed table (seed 000).
 //!
-//! Spec (README.md, "Table spec"):
+//! Spec (docs/table-spec.md):
 //! - a member with weight w contributes `w * vnodes_per_weight` tokens; token r sits at
 //!   `xxh64(identity_utf8 ++ u32_le(r), seed 0)`;
 //! - tokens are ordered by (position, identity bytes, r), so even colliding positions have one
