@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 
 use lb::dataplane::netlink;
 
-use crate::attach::log;
+use crate::log::log;
 
 pub struct Announcer {
     pub name: String,

@@ -20,26 +20,17 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use lb::config::{self, Pool};
-use lb::dataplane::link::{self, mac_text, Interface, XdpMode};
+use lb::dataplane::link::{self, mac_text, Interface};
 use lb::dataplane::netlink::{self, Neighbour};
 use lb::dataplane::Dataplane;
 use lb::{report, stats, table};
 
+use crate::log::{log, os_text};
 use crate::probe::{Job, Prober};
+use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_present, ModeArg};
 use crate::watch::{Debounce, Watcher};
 use lb::health::{self, HealthMap, Transition};
 use std::net::SocketAddr;
-
-/// `--xdp-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ModeArg {
-    /// In the driver: fastest; needs driver support (veth, most 10G+ NICs).
-    Native,
-    /// In the generic network stack: works everywhere, slower.
-    Generic,
-    /// Native, falling back to generic with a warning.
-    Auto,
-}
 
 /// Everything `lb attach` was asked to do, validated.
 pub struct Plan {
@@ -154,10 +145,6 @@ const RELOAD_RESOLVE: Duration = Duration::from_millis(100);
 /// How often the neighbour table is re-read and unresolved or stale backends re-primed, on top
 /// of the change events the kernel sends.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(5);
-
-pub(crate) fn log(msg: impl AsRef<str>) {
-    eprintln!("lb: {}", msg.as_ref());
-}
 
 pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     let started_ms = lb::dataplane::pin::now_ms();
@@ -435,61 +422,6 @@ fn backend_label(b: &config::Backend) -> String {
     }
 }
 
-/// An OS error as people read it: "operation not supported", without "(os error 95)".
-pub(crate) fn os_text(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    let text = text.split(" (os error").next().unwrap_or_default();
-    let mut chars = text.chars();
-    chars.next().map_or(String::new(), |c| c.to_lowercase().chain(chars).collect())
-}
-
-pub(crate) fn already_attached(ifc: &Interface, a: Option<link::Attached>) -> anyhow::Error {
-    let what = a.map_or(String::new(), |a| format!(" (program id {}, {} mode)", a.prog_id, a.mode));
-    anyhow::anyhow!(
-        "{} already has an XDP program attached{what}; lb never replaces another program. \
-         See it with `bpftool net show dev {}`; detach it yourself if it should go",
-        ifc.name,
-        ifc.name
-    )
-}
-
-/// Needs CAP_NET_ADMIN (attaching, netlink), CAP_BPF (loading, maps) and CAP_PERFMON: the
-/// verifier refuses the programs without it ("pointer comparison prohibited": they compare
-/// packet pointers with NULL, which it allows only to a caller that may see pointers).
-/// CAP_SYS_ADMIN stands for CAP_BPF and CAP_PERFMON.
-pub(crate) fn check_privileges() -> Result<()> {
-    const CAP_NET_ADMIN: u32 = 12;
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |cap: u32| eff & (1u64 << cap) != 0;
-    let mut missing = Vec::new();
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_BPF");
-    }
-    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_PERFMON");
-    }
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
-    }
-    if !missing.is_empty() {
-        bail!(
-            "lb attach needs root, or the capabilities {} (missing: {})",
-            "CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN",
-            missing.join(", ")
-        );
-    }
-    Ok(())
-}
-
-
 /// Where each backend's frames go, and every reason the pool cannot be served from `ifc`.
 /// L2 direct server return sends a frame straight to a backend's MAC, so those backends must be
 /// directly connected to the interface; an encapsulated backend may be anywhere the routing
@@ -643,30 +575,6 @@ fn resolve_initial(
         }
     }
     Ok(Some(macs))
-}
-
-pub(crate) fn attach_with_mode(prog: std::os::fd::BorrowedFd<'_>, ifc: &Interface, mode: ModeArg) -> Result<link::XdpLink> {
-    let refused = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc_errno) if libc_errno == nix::errno::Errno::EBUSY as i32 || libc_errno == nix::errno::Errno::EEXIST as i32);
-    let first = match mode {
-        ModeArg::Native | ModeArg::Auto => XdpMode::Native,
-        ModeArg::Generic => XdpMode::Generic,
-    };
-    match link::attach(prog, ifc.ifindex, first) {
-        Ok(l) => Ok(l),
-        // Someone attached a program since the check above.
-        Err(e) if refused(&e) => Err(already_attached(ifc, link::attached(ifc.ifindex).ok().flatten())),
-        Err(e) if mode == ModeArg::Auto => {
-            log(format!("warning: native XDP is not available on {} ({}); falling back to generic mode, which is slower", ifc.name, os_text(&e)));
-            link::attach(prog, ifc.ifindex, XdpMode::Generic)
-                .with_context(|| format!("attaching the XDP program to {} in generic mode", ifc.name))
-        }
-        Err(e) => bail!(
-            "attaching the XDP program to {} in {} mode: {} (--xdp-mode generic works on every interface)",
-            ifc.name,
-            first.as_str(),
-            os_text(&e)
-        ),
-    }
 }
 
 /// `source 10.0.0.2 (IPv4, fixed), 10.1.0.0/24 (IPv6, varies per flow)`.
@@ -940,9 +848,7 @@ impl Server<'_> {
             if now >= next_refresh || self.events.take_route_changes() {
                 if now >= next_refresh {
                     next_refresh = now + NEIGHBOUR_REFRESH;
-                    if nix::net::if_::if_nametoindex(self.ifc.name.as_str()).ok() != Some(self.ifc.ifindex) {
-                        bail!("{} went away; the kernel detached the program with it", self.ifc.name);
-                    }
+                    ensure_present(self.ifc)?;
                 }
                 self.refresh_routes()?;
                 refresh_neighbours(self.dp, self.ifc, self.nl, &self.backends, &mut self.failing)?;

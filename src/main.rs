@@ -14,10 +14,12 @@ use lb::{diff, report, table};
 mod announce;
 mod attach;
 mod decap;
+mod log;
 mod persist;
 mod probe;
 mod serve_metrics;
 mod watch;
+mod xdp;
 
 #[derive(Parser)]
 #[command(name = "lb", version, about = "An XDP Layer-4 load balancer with consistent-hash destination tables")]
@@ -57,7 +59,7 @@ enum Command {
         /// Where the program runs: native (driver), generic (any interface, slower), or auto
         /// (native, falling back to generic with a warning).
         #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
-        xdp_mode: attach::ModeArg,
+        xdp_mode: xdp::ModeArg,
         /// Print per-service and per-backend counters and drop reasons every SECS seconds.
         #[arg(long, value_name = "SECS", value_parser = seconds)]
         stats_interval: Option<std::time::Duration>,
@@ -145,7 +147,7 @@ enum Command {
               value_parser = clap::value_parser!(u16).range(1..))]
         gue_port: u16,
         #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
-        xdp_mode: attach::ModeArg,
+        xdp_mode: xdp::ModeArg,
         /// Print the counters every SECS seconds.
         #[arg(long, value_name = "SECS", value_parser = seconds)]
         stats_interval: Option<std::time::Duration>,

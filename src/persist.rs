@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use lb::dataplane::link::Interface;
 use lb::dataplane::{pin, PinnedMaps};
 
-use crate::attach::log;
+use crate::log::log;
 
 /// A pinned data plane found for the interface, to be adopted.
 pub struct Found {
@@ -93,7 +93,7 @@ pub fn since_text(ms: u64) -> String {
 
 /// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
 pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
-    crate::attach::check_privileges()?;
+    crate::xdp::check_privileges()?;
     let dir = pin::plane_dir(root, iface)?;
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
@@ -139,7 +139,7 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
 
 /// `lb status IFACE`: what the pinned data plane holds and counts, from any process.
 pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
-    crate::attach::check_privileges()?;
+    crate::xdp::check_privileges()?;
     let dir = pin::plane_dir(root, iface)?;
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
