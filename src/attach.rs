@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -22,46 +22,16 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use lb::config::{self, Pool};
 use lb::dataplane::link::{self, mac_text, Interface};
 use lb::dataplane::netlink::{self, Neighbour};
-use lb::dataplane::Dataplane;
 use lb::{report, stats, table};
 
 use crate::log::{log, os_text};
+use crate::plane::{flow_table_slots, Plane, Reuse};
+use crate::settings::Settings;
 use crate::probe::{Job, Prober};
-use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_present, ModeArg};
+use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_present};
 use crate::watch::{Debounce, Watcher};
 use lb::health::{self, HealthMap, Transition};
 use std::net::SocketAddr;
-
-/// Everything `lb attach` was asked to do, validated.
-pub struct Plan {
-    pub iface: String,
-    pub config: PathBuf,
-    pub mode: ModeArg,
-    pub stats_interval: Option<Duration>,
-    /// Slots of the data plane's destination-table array.
-    pub table_capacity: u32,
-    /// Entries of the connection-tracking flow table.
-    pub conntrack_size: u32,
-    /// Idle timeouts of tracked (TCP, UDP) flows.
-    pub conntrack_timeouts: (Duration, Duration),
-    /// Track flows from their second packet (see `lb attach --conntrack-guard`).
-    pub conntrack_guard: bool,
-    /// How long to wait at start for backends' MACs before attaching anyway.
-    pub resolve_timeout: Duration,
-    /// Quiet time after the last file event before a reload.
-    pub reload_delay: Duration,
-    /// How often the file is re-read even without events (and lost watches re-armed).
-    pub recheck_interval: Duration,
-    /// `--encap-source`: the outer source of encapsulated packets, at most one per family, with
-    /// how many leading bits stay fixed (the rest vary with the flow).
-    pub encap_sources: Vec<(IpAddr, u8)>,
-    /// `--pin`: the root of bpffs pins; the data plane outlives this process.
-    pub pin: Option<PathBuf>,
-    /// `--metrics`: where to serve /metrics and the status page.
-    pub metrics: Option<SocketAddr>,
-    /// `--announce`: the interface that holds the VIPs as host addresses, for BGP.
-    pub announce: Option<String>,
-}
 
 /// The VIPs of a pool.
 fn vips_of(pool: &Pool) -> std::collections::BTreeSet<IpAddr> {
@@ -79,7 +49,7 @@ struct EncapSources {
 /// use: `--encap-source` where given, else the interface's first address of that family that
 /// is not a VIP (a backend drops an encapsulated packet whose outer source is one of its own
 /// addresses, and every backend holds the VIPs) nor link-local. Errors name what is missing.
-fn encap_sources(plan: &Plan, ifc: &Interface, pool: &Pool) -> Result<EncapSources, String> {
+fn encap_sources(plan: &Settings, ifc: &Interface, pool: &Pool) -> Result<EncapSources, String> {
     let vips: HashSet<IpAddr> = pool.services.iter().map(|s| s.vip).collect();
     let mut out = EncapSources::default();
     for &(a, len) in &plan.encap_sources {
@@ -146,7 +116,7 @@ const RELOAD_RESOLVE: Duration = Duration::from_millis(100);
 /// of the change events the kernel sends.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(5);
 
-pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
+pub fn run(plan: Settings, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     let started_ms = lb::dataplane::pin::now_ms();
     check_privileges()?;
     let ifc = link::interface(&plan.iface)?;
@@ -207,11 +177,11 @@ pub fn run(plan: Plan, pool: Pool, content: &[u8]) -> Result<ExitCode> {
 
     let reuse = match (&pinning, &found) {
         (Some(p), Some(f)) => {
-            Some(lb::dataplane::Reuse { dir: p.dir.clone(), same_layout: f.same_layout, old_prog_id: f.prog_id })
+            Some(Reuse { dir: p.dir.clone(), same_layout: f.same_layout, old_prog_id: f.prog_id })
         }
         _ => None,
     };
-    let (mut dp, fresh) = Dataplane::load_with(plan.table_capacity, plan.conntrack_size, reuse.as_ref())?;
+    let (mut dp, fresh) = Plane::load_with(plan.table_capacity, plan.conntrack_size, reuse.as_ref())?;
     // Bound before anything is attached or changed: a bad address or a port in use stops here.
     let metrics = match plan.metrics {
         Some(addr) => Some(crate::serve_metrics::start(addr, dp.counter_maps()?, lb::metrics::Model::default())?),
@@ -371,7 +341,7 @@ fn attached_ms_of(dir: &Path) -> u64 {
 /// and replaces the program in the pinned link atomically.
 #[allow(clippy::too_many_arguments)]
 fn adopt(
-    dp: &mut Dataplane,
+    dp: &mut Plane,
     pool: &Pool,
     ifc: &Interface,
     macs: &HashMap<IpAddr, [u8; 6]>,
@@ -622,9 +592,9 @@ fn digest(bytes: &[u8]) -> u64 {
 
 /// The foreground loop's state.
 struct Server<'a> {
-    plan: &'a Plan,
+    plan: &'a Settings,
     ifc: &'a Interface,
-    dp: &'a mut Dataplane,
+    dp: &'a mut Plane,
     nl: &'a mut netlink::Socket,
     events: &'a mut netlink::Socket,
     signals: &'a SignalFd,
@@ -1065,7 +1035,7 @@ impl Server<'_> {
             interface: self.ifc.name.clone(),
             xdp_mode: self.xdp_mode.clone(),
             program_id: self.dp.program_id().unwrap_or(0),
-            flow_capacity: lb::dataplane::flow_table_slots(self.plan.conntrack_size) as u64,
+            flow_capacity: flow_table_slots(self.plan.conntrack_size) as u64,
             services,
         }
     }
@@ -1141,7 +1111,7 @@ impl Server<'_> {
 
 /// A neighbour change for a backend address: take a new MAC; on loss, keep the last known one
 /// (the backend most likely still has it) and ask the kernel to resolve again.
-fn apply_neighbour(dp: &mut Dataplane, n: &Neighbour, failing: &mut HashSet<IpAddr>) -> Result<()> {
+fn apply_neighbour(dp: &mut Plane, n: &Neighbour, failing: &mut HashSet<IpAddr>) -> Result<()> {
     match n.mac {
         Some(mac) => {
             failing.remove(&n.addr);
@@ -1168,7 +1138,7 @@ fn apply_neighbour(dp: &mut Dataplane, n: &Neighbour, failing: &mut HashSet<IpAd
 /// Re-reads the neighbour table: takes any MAC the events missed, and primes backends without a
 /// usable entry or with a stale one (which the kernel then re-confirms).
 fn refresh_neighbours(
-    dp: &mut Dataplane,
+    dp: &mut Plane,
     ifc: &Interface,
     nl: &mut netlink::Socket,
     backends: &[IpAddr],

@@ -16,6 +16,7 @@ use lb::dataplane::link::Interface;
 use lb::dataplane::{pin, PinnedMaps};
 
 use crate::log::log;
+use crate::plane::layout_hash;
 
 /// A pinned data plane found for the interface, to be adopted.
 pub struct Found {
@@ -79,7 +80,7 @@ pub fn prepare(root: &Path, ifc: &Interface) -> Result<(Pinning, Option<Found>)>
             ifc.name
         );
     };
-    let same_layout = meta.layout == lb::dataplane::layout_hash();
+    let same_layout = meta.layout == layout_hash();
     Ok((pinning, Some(Found { link, link_id, prog_id, same_layout, attached_ms: meta.attached_ms })))
 }
 
@@ -161,7 +162,7 @@ pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
             "program_id": prog_id,
             "link_id": link_id,
             "attached_ms": meta.attached_ms,
-            "layout_matches": meta.layout == lb::dataplane::layout_hash(),
+            "layout_matches": meta.layout == layout_hash(),
             "controller": if running { serde_json::json!({"pid": meta.controller_pid, "since_ms": meta.controller_since}) } else { serde_json::Value::Null },
             "status": st.json(),
         });

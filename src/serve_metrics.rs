@@ -15,9 +15,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use lb::dataplane::CounterMaps;
 use lb::metrics::{encode_plane, rates, status_page, Model};
 use lb::stats::Snapshot;
+
+use crate::plane::Counters;
 
 /// How often the status page's traffic rates are sampled.
 const SAMPLE: Duration = Duration::from_secs(2);
@@ -87,7 +88,7 @@ impl Metrics {
 /// The data plane's part of a scrape, encoded by lb::metrics.
 #[derive(Debug)]
 struct Plane {
-    maps: CounterMaps,
+    maps: Counters,
     model: Arc<Mutex<Model>>,
     flows: Mutex<(Option<Instant>, Option<u64>)>,
 }
@@ -115,7 +116,7 @@ impl prometheus_client::collector::Collector for Plane {
 }
 
 /// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
-pub fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metrics> {
+pub fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Metrics> {
     let server = tiny_http::Server::http(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
     let model = Arc::new(Mutex::new(model));
     let m = Metrics {
