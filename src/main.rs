@@ -14,16 +14,12 @@ use lb::{diff, report, table};
 
 use settings::Settings;
 
-mod announce;
-mod attach;
+mod daemon;
 mod decap;
 mod log;
-mod persist;
+mod pinned;
 mod plane;
-mod probe;
-mod serve_metrics;
 mod settings;
-mod watch;
 mod xdp;
 
 #[derive(Parser)]
@@ -130,15 +126,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Attach(args) => {
             drop(out);
             let (settings, pool, content) = Settings::from_args(args)?;
-            return attach::run(settings, pool, &content);
+            return daemon::run(settings, pool, &content);
         }
         Command::Detach { iface, pin_dir } => {
             drop(out);
-            return persist::detach(&iface, &pin_dir);
+            return pinned::detach(&iface, &pin_dir);
         }
         Command::Status { iface, json, pin_dir } => {
             drop(out);
-            return persist::status(&iface, &pin_dir, json);
+            return pinned::status(&iface, &pin_dir, json);
         }
         Command::Decap { iface, gue_port, xdp_mode, stats_interval } => {
             drop(out);
