@@ -197,3 +197,69 @@ fn on_off(s: &str) -> Result<bool, String> {
         _ => Err(format!("{s:?} is neither on nor off")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: AttachArgs,
+    }
+
+    fn pool() -> String {
+        format!("{}/configs/pool.yaml", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn settings(extra: &[&str]) -> Result<(Settings, Pool, Vec<u8>)> {
+        let pool = pool();
+        let mut argv = vec!["lb", "eth9", "--config", pool.as_str()];
+        argv.extend_from_slice(extra);
+        Settings::from_args(Cli::try_parse_from(argv)?.args)
+    }
+
+    #[test]
+    fn the_flags_become_one_value_with_the_pool_loaded() {
+        let (s, pool, content) = settings(&["--conntrack-tcp-timeout", "60", "--pin-dir", "/tmp/x"]).expect("valid");
+        assert_eq!(s.iface, "eth9");
+        assert_eq!(s.mode, ModeArg::Auto);
+        assert_eq!(s.table_capacity, DEFAULT_TABLE_CAPACITY);
+        assert_eq!(s.conntrack_timeouts, (Duration::from_secs(60), Duration::from_secs(30)));
+        assert!(s.conntrack_guard);
+        assert_eq!(s.reload_delay, Duration::from_millis(50));
+        assert_eq!(s.pin, None, "--pin-dir alone pins nothing");
+        assert_eq!(pool.services.len(), 2);
+        assert_eq!(content, std::fs::read(self::pool()).expect("read"));
+        let (s, _, _) = settings(&["--pin", "--pin-dir", "/tmp/x", "--conntrack-guard", "off"]).expect("valid");
+        assert_eq!(s.pin, Some(PathBuf::from("/tmp/x")));
+        assert!(!s.conntrack_guard);
+    }
+
+    #[test]
+    fn one_encap_source_per_family_and_tables_that_fit() {
+        let (s, _, _) = settings(&["--encap-source", "10.1.0.0/24", "--encap-source", "fd00::1"]).expect("one per family");
+        assert_eq!(s.encap_sources, vec![("10.1.0.0".parse().expect("v4"), 24), ("fd00::1".parse().expect("v6"), 128)]);
+        for two in [["10.0.0.1", "10.0.0.2"], ["fd00::1", "fd00::2"]] {
+            let e = settings(&["--encap-source", two[0], "--encap-source", two[1]]).err().expect("two of a family");
+            assert_eq!(e.to_string(), "--encap-source: give at most one address per family");
+        }
+        let e = settings(&["--table-capacity", "100000"]).err().expect("too small");
+        assert!(e.to_string().ends_with("the services' tables need 131074 slots in all, more than --table-capacity 100000"), "{e}");
+    }
+
+    #[test]
+    fn values_are_checked_as_they_are_parsed() {
+        assert_eq!(address_prefix("10.0.0.1"), Ok(("10.0.0.1".parse().expect("v4"), 32)));
+        assert_eq!(address_prefix("fd00:1::/96"), Ok(("fd00:1::".parse().expect("v6"), 96)));
+        assert!(address_prefix("fd00:1::/95").is_err(), "at most 32 bits vary");
+        assert!(address_prefix("10.0.0.0/33").is_err());
+        assert!(address_prefix("0.0.0.0").is_err());
+        assert!(address_prefix("ff02::1").is_err());
+        assert_eq!(seconds("0.5"), Ok(Duration::from_millis(500)));
+        assert!(seconds("0").is_err() && seconds("86401").is_err() && seconds("x").is_err());
+        assert_eq!(on_off("off"), Ok(false));
+        assert!(on_off("yes").is_err());
+    }
+}

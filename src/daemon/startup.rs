@@ -32,12 +32,12 @@ use crate::xdp::{already_attached, attach_with_mode, check_privileges};
 
 /// A data plane attached and serving, and what the serve loop and the shutdown need besides.
 pub(super) struct Started<'a> {
-    pub daemon: Daemon<'a>,
+    pub(super) daemon: Daemon<'a>,
     /// Dropping it detaches (without --pin).
-    pub attachment: Attachment,
-    pub pinning: Option<Pinning>,
-    pub signals: SignalFd,
-    pub watcher: Option<Watcher>,
+    pub(super) attachment: Attachment,
+    pub(super) pinning: Option<Pinning>,
+    pub(super) signals: SignalFd,
+    pub(super) watcher: Option<Watcher>,
 }
 
 /// What the checks found, before anything was changed.

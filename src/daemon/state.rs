@@ -21,18 +21,18 @@ use crate::plane::Plane;
 use crate::settings::Settings;
 
 pub(super) struct Daemon<'a> {
-    pub settings: &'a Settings,
-    pub ifc: Interface,
-    pub dp: Plane,
+    pub(super) settings: &'a Settings,
+    pub(super) ifc: Interface,
+    pub(super) dp: Plane,
     /// For queries (routes, neighbours) and address changes.
-    pub nl: netlink::Socket,
+    pub(super) nl: netlink::Socket,
     /// The pool as the file says; what is installed is this with health applied.
-    pub configured: Pool,
-    pub neighbours: Neighbours,
-    pub encap: Encap,
-    pub health: Health,
-    pub announcer: Option<Announcer>,
-    pub metrics: Publisher,
+    pub(super) configured: Pool,
+    pub(super) neighbours: Neighbours,
+    pub(super) encap: Encap,
+    pub(super) health: Health,
+    pub(super) announcer: Option<Announcer>,
+    pub(super) metrics: Publisher,
 }
 
 impl Daemon<'_> {
