@@ -17,7 +17,8 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use lb::dataplane::decap::{host_addresses, Decap, DecapCounters};
 use lb::dataplane::link;
 
-use crate::attach::{already_attached, attach_with_mode, check_privileges, log, ModeArg};
+use crate::log::log;
+use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_present, ModeArg};
 
 /// How often this host's addresses are re-read.
 const ADDRESS_REFRESH: Duration = Duration::from_secs(1);
@@ -76,9 +77,7 @@ pub fn run(iface: &str, gue_port: u16, mode: ModeArg, stats_interval: Option<Dur
             if dp.set_local(&addrs)? {
                 log(format!("this host's addresses changed: decapsulating for {} addresses", addrs.len()));
             }
-            if nix::net::if_::if_nametoindex(ifc.name.as_str()).ok() != Some(ifc.ifindex) {
-                bail!("{} went away; the kernel detached the program with it", ifc.name);
-            }
+            ensure_present(&ifc)?;
         }
         if let (Some(interval), Some(due)) = (stats_interval, next_stats) {
             if now >= due {

@@ -16,15 +16,15 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use lb::config::{CheckKind, HealthCheck};
 
 /// (service name, backend identity)
-pub type Key = (String, String);
+pub(super) type Key = (String, String);
 
-pub struct Job {
-    pub key: Key,
-    pub addr: SocketAddr,
-    pub check: HealthCheck,
+pub(super) struct Job {
+    pub(super) key: Key,
+    pub(super) addr: SocketAddr,
+    pub(super) check: HealthCheck,
 }
 
-pub struct Prober {
+pub(super) struct Prober {
     jobs: Sender<Job>,
     results: Receiver<(Key, Result<(), String>, Duration)>,
     wake_read: OwnedFd,
@@ -39,7 +39,7 @@ impl AsFd for Prober {
 
 impl Prober {
     /// At most `workers` probes run at once.
-    pub fn new(workers: usize) -> Result<Prober> {
+    pub(super) fn new(workers: usize) -> Result<Prober> {
         let (jobs, job_rx) = channel::<Job>();
         let (result_tx, results) = channel();
         let (wake_read, wake_write) = nix::unistd::pipe().context("creating the probes' wake-up pipe")?;
@@ -68,14 +68,14 @@ impl Prober {
     }
 
     /// Queues a probe unless one for the same backend is still running.
-    pub fn submit(&mut self, job: Job) {
+    pub(super) fn submit(&mut self, job: Job) {
         if self.in_flight.insert(job.key.clone()) {
             let _ = self.jobs.send(job);
         }
     }
 
     /// Every result that arrived, with how long its probe took.
-    pub fn drain(&mut self) -> Vec<(Key, Result<(), String>, Duration)> {
+    pub(super) fn drain(&mut self) -> Vec<(Key, Result<(), String>, Duration)> {
         let mut buf = [0u8; 256];
         while matches!(nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&self.wake_read), &mut buf), Ok(n) if n > 0) {}
         let out: Vec<_> = self.results.try_iter().collect();
@@ -87,7 +87,7 @@ impl Prober {
 }
 
 /// One probe, bounded by the check's timeout in all.
-pub fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String> {
+pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String> {
     let deadline = Instant::now() + check.timeout;
     let describe = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),

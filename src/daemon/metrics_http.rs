@@ -1,8 +1,10 @@
 //! `lb attach --metrics ADDR:PORT`: Prometheus metrics at `/metrics` and a status page at `/`,
 //! served from a thread of their own. A scrape reads the per-CPU counters from the data plane's
 //! maps at that moment (through descriptors of its own) and the model the serve loop publishes
-//! after every change; it never waits on the serve loop, and the packet path pays nothing.
+//! after every change ([`Publisher`]); it never waits on the serve loop, and the packet path pays
+//! nothing.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,9 +17,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use lb::dataplane::CounterMaps;
-use lb::metrics::{encode_plane, rates, status_page, Model};
+use lb::config::{BackendState, Pool};
+use lb::health::HealthMap;
+use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
 use lb::stats::Snapshot;
+
+use crate::plane::{flow_table_slots, Counters, Plane};
 
 /// How often the status page's traffic rates are sampled.
 const SAMPLE: Duration = Duration::from_secs(2);
@@ -25,7 +30,7 @@ const SAMPLE: Duration = Duration::from_secs(2);
 const FLOW_COUNT_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum ReloadResult {
+pub(super) enum ReloadResult {
     Applied,
     Refused,
     Unchanged,
@@ -49,7 +54,7 @@ struct ServiceLabel {
 
 /// The serve loop's handle: what it reports as it goes.
 #[derive(Clone)]
-pub struct Metrics {
+pub(super) struct Metrics {
     model: Arc<Mutex<Model>>,
     reloads: Family<ReloadLabels, Counter>,
     last_reload: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -60,14 +65,14 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn publish(&self, model: Model) {
+    fn publish(&self, model: Model) {
         if let Ok(mut m) = self.model.lock() {
             *m = model;
         }
     }
 
     /// A reload's outcome; `apply` is how long applying took, for an applied one.
-    pub fn reload(&self, result: ReloadResult, apply: Option<Duration>) {
+    fn reload(&self, result: ReloadResult, apply: Option<Duration>) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
         if let Some(d) = apply {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
@@ -77,7 +82,7 @@ impl Metrics {
         }
     }
 
-    pub fn probe(&self, service: &str, ok: bool, latency: Duration) {
+    fn probe(&self, service: &str, ok: bool, latency: Duration) {
         let outcome = if ok { "success" } else { "failure" };
         self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
         self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(latency.as_secs_f64());
@@ -86,13 +91,13 @@ impl Metrics {
 
 /// The data plane's part of a scrape, encoded by lb::metrics.
 #[derive(Debug)]
-struct Plane {
-    maps: CounterMaps,
+struct Scrape {
+    maps: Counters,
     model: Arc<Mutex<Model>>,
     flows: Mutex<(Option<Instant>, Option<u64>)>,
 }
 
-impl Plane {
+impl Scrape {
     fn model(&self) -> Model {
         self.model.lock().map(|m| m.clone()).unwrap_or_default()
     }
@@ -106,7 +111,7 @@ impl Plane {
     }
 }
 
-impl prometheus_client::collector::Collector for Plane {
+impl prometheus_client::collector::Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let model = self.model();
         let snap = self.maps.snapshot(&model).map_err(|_| std::fmt::Error)?;
@@ -115,7 +120,7 @@ impl prometheus_client::collector::Collector for Plane {
 }
 
 /// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
-pub fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metrics> {
+pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Metrics> {
     let server = tiny_http::Server::http(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
     let model = Arc::new(Mutex::new(model));
     let m = Metrics {
@@ -134,7 +139,7 @@ pub fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metric
     registry.register("lb_reload_apply_seconds", "Time to apply a reload (tables built, planned, written)", m.reload_apply.clone());
     registry.register("lb_health_probes", "Health probes by service and outcome", m.probes.clone());
     registry.register("lb_health_probe_duration_seconds", "Health probe latency by service", m.probe_latency.clone());
-    let plane = Arc::new(Plane { maps, model, flows: Mutex::new((None, None)) });
+    let plane = Arc::new(Scrape { maps, model, flows: Mutex::new((None, None)) });
     registry.register_collector(Box::new(plane.clone()));
     std::thread::Builder::new()
         .name("lb-metrics".to_string())
@@ -146,7 +151,7 @@ pub fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metric
 /// A counter snapshot and when it was taken.
 type Sample = Option<(Instant, Snapshot)>;
 
-fn serve(server: tiny_http::Server, registry: Registry, plane: Arc<Plane>) {
+fn serve(server: tiny_http::Server, registry: Registry, plane: Arc<Scrape>) {
     // The last two samples: the page's rates are over the interval between them.
     let mut samples: (Sample, Sample) = (None, None);
     let mut next_sample = Instant::now();
@@ -200,4 +205,95 @@ fn text(body: String, status: u16, ctype: &str) -> tiny_http::Response<std::io::
         r = r.with_header(h);
     }
     r
+}
+
+/// What the serve loop tells the metrics thread, whether or not `--metrics` was given, with what
+/// it needs to describe the data plane (fixed once it is attached).
+pub(super) struct Publisher {
+    metrics: Option<Metrics>,
+    interface: String,
+    xdp_mode: String,
+    flow_capacity: u64,
+}
+
+impl Publisher {
+    pub(super) fn new(metrics: Option<Metrics>, interface: &str, xdp_mode: &str, conntrack_size: u32) -> Publisher {
+        Publisher {
+            metrics,
+            interface: interface.to_string(),
+            xdp_mode: xdp_mode.to_string(),
+            flow_capacity: flow_table_slots(conntrack_size) as u64,
+        }
+    }
+
+    /// A reload's outcome; `apply` is how long applying took, for an applied one.
+    pub(super) fn reload(&self, result: ReloadResult, apply: Option<Duration>) {
+        if let Some(m) = &self.metrics {
+            m.reload(result, apply);
+        }
+    }
+
+    pub(super) fn probe(&self, service: &str, ok: bool, latency: Duration) {
+        if let Some(m) = &self.metrics {
+            m.probe(service, ok, latency);
+        }
+    }
+
+    /// Publishes what is configured and served.
+    pub(super) fn publish(&self, dp: &Plane, configured: &Pool, health: &HealthMap) {
+        let Some(m) = &self.metrics else { return };
+        m.publish(self.model(dp, configured, health));
+    }
+
+    fn model(&self, dp: &Plane, configured: &Pool, health: &HealthMap) -> Model {
+        let mut services = Vec::new();
+        for live in dp.installed() {
+            let Some(conf) = configured.service(&live.name) else { continue };
+            let mut owned: HashMap<u32, u64> = HashMap::new();
+            for &o in &live.owners {
+                *owned.entry(o).or_default() += 1;
+            }
+            let backends = live
+                .backends
+                .iter()
+                .map(|b| {
+                    let configured = conf.backends.iter().find(|c| c.identity() == b.identity);
+                    let checked = conf.health_check.is_some();
+                    let h = health.get(&(live.name.clone(), b.identity.clone()));
+                    let healthy = h.is_none_or(|h| h.healthy);
+                    BackendModel {
+                        id: b.id,
+                        identity: b.identity.clone(),
+                        address: b.address.to_string(),
+                        weight: configured.map_or(b.weight, |c| c.weight),
+                        effective_weight: if live.empty { 0 } else { b.weight * (b.state == BackendState::Active) as u32 },
+                        slots: owned.get(&b.id).copied().unwrap_or(0),
+                        healthy,
+                        health: if !checked { "not checked".to_string() } else { h.map_or("healthy".to_string(), |h| h.describe()) },
+                        state: configured.map_or("active", |c| c.state.as_str()).to_string(),
+                        mac_known: dp.mac(dp.neighbour_of(b.address)).is_some(),
+                    }
+                })
+                .collect();
+            services.push(ServiceModel {
+                name: live.name.clone(),
+                vip: conf.vip.to_string(),
+                port: conf.port,
+                protocol: conf.protocol.as_str().to_string(),
+                algorithm: conf.algorithm.as_str().to_string(),
+                hash: conf.hash.as_str().to_string(),
+                forward: conf.forward.as_str().to_string(),
+                slots: live.slots,
+                backends,
+            });
+        }
+        Model {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            interface: self.interface.clone(),
+            xdp_mode: self.xdp_mode.clone(),
+            program_id: dp.program_id().unwrap_or(0),
+            flow_capacity: self.flow_capacity,
+            services,
+        }
+    }
 }

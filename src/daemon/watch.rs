@@ -26,7 +26,7 @@ struct Watched {
     name: OsString,
 }
 
-pub struct Watcher {
+pub(super) struct Watcher {
     inotify: Inotify,
     path: PathBuf,
     watches: HashMap<WatchDescriptor, Watched>,
@@ -34,13 +34,13 @@ pub struct Watcher {
 
 /// What a batch of events amounts to.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Seen {
+pub(super) struct Seen {
     /// Something happened that may have changed the file's content.
-    pub changed: bool,
+    pub(super) changed: bool,
     /// The file was modified and not closed yet: a writer is still at it.
-    pub writing: bool,
+    pub(super) writing: bool,
     /// A watch went away and must be re-armed.
-    pub lost: bool,
+    pub(super) lost: bool,
 }
 
 fn mask() -> AddWatchFlags {
@@ -57,7 +57,7 @@ fn mask() -> AddWatchFlags {
 }
 
 impl Watcher {
-    pub fn new(path: &Path) -> Result<Watcher> {
+    pub(super) fn new(path: &Path) -> Result<Watcher> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).context("creating an inotify instance")?;
         let mut w = Watcher { inotify, path: path.to_path_buf(), watches: HashMap::new() };
         w.arm();
@@ -92,7 +92,7 @@ impl Watcher {
 
     /// Adds the watches that are missing (after a directory went away, or a symlink now points
     /// elsewhere) and drops those no longer wanted. Returns whether anything changed.
-    pub fn arm(&mut self) -> bool {
+    pub(super) fn arm(&mut self) -> bool {
         let wanted = self.wanted();
         let mut changed = false;
         let stale: Vec<WatchDescriptor> = self
@@ -120,7 +120,7 @@ impl Watcher {
     }
 
     /// Reads every pending event without blocking.
-    pub fn read(&mut self) -> Seen {
+    pub(super) fn read(&mut self) -> Seen {
         let mut seen = Seen::default();
         loop {
             let events = match self.inotify.read_events() {
@@ -172,34 +172,34 @@ impl AsFd for Watcher {
 /// `delay`, but waits for a writer that modified the file to close it, for at most `max_wait`
 /// after the first event of the burst.
 #[derive(Debug, Clone)]
-pub struct Debounce {
-    pub delay: Duration,
-    pub max_wait: Duration,
+pub(super) struct Debounce {
+    pub(super) delay: Duration,
+    pub(super) max_wait: Duration,
     first: Option<Instant>,
     last: Instant,
     writing: bool,
 }
 
 impl Debounce {
-    pub fn new(delay: Duration, max_wait: Duration) -> Debounce {
+    pub(super) fn new(delay: Duration, max_wait: Duration) -> Debounce {
         Debounce { delay, max_wait, first: None, last: Instant::now(), writing: false }
     }
 
-    pub fn event(&mut self, now: Instant, writing: bool) {
+    pub(super) fn event(&mut self, now: Instant, writing: bool) {
         self.first.get_or_insert(now);
         self.last = now;
         self.writing = writing;
     }
 
     /// When the pending reload is due, if one is pending.
-    pub fn due(&self) -> Option<Instant> {
+    pub(super) fn due(&self) -> Option<Instant> {
         let first = self.first?;
         let quiet = self.last + self.delay;
         Some(if self.writing { first + self.max_wait } else { quiet })
     }
 
     /// Whether the reload is due at `now`; if so, the burst is over.
-    pub fn fire(&mut self, now: Instant) -> bool {
+    pub(super) fn fire(&mut self, now: Instant) -> bool {
         match self.due() {
             Some(t) if now >= t => {
                 self.first = None;

@@ -11,13 +11,19 @@ use std::net::IpAddr;
 
 use anyhow::{bail, Context, Result};
 
+use lb::config::Pool;
 use lb::dataplane::netlink;
 
-use crate::attach::log;
+use crate::log::log;
 
-pub struct Announcer {
-    pub name: String,
-    pub ifindex: u32,
+/// The VIPs of a pool: what is announced while it is served.
+pub(super) fn vips_of(pool: &Pool) -> BTreeSet<IpAddr> {
+    pool.services.iter().map(|s| s.vip).collect()
+}
+
+pub(super) struct Announcer {
+    pub(super) name: String,
+    pub(super) ifindex: u32,
     /// The VIPs this process added to DEV.
     held: BTreeSet<IpAddr>,
 }
@@ -25,7 +31,7 @@ pub struct Announcer {
 impl Announcer {
     /// Finds DEV (or creates it as a dummy device, where the kernel has them); it must not be
     /// the interface the program is attached to.
-    pub fn open(nl: &mut netlink::Socket, name: &str, attached: &str) -> Result<Announcer> {
+    pub(super) fn open(nl: &mut netlink::Socket, name: &str, attached: &str) -> Result<Announcer> {
         if name == attached {
             bail!("--announce {name}: the VIPs go on another interface than the one lb attaches to (a dummy or ifb device)");
         }
@@ -47,7 +53,7 @@ impl Announcer {
     }
 
     /// Makes `vips` exactly the VIPs announced: adds the missing ones, removes the others.
-    pub fn sync(&mut self, nl: &mut netlink::Socket, vips: &BTreeSet<IpAddr>) -> Result<()> {
+    pub(super) fn sync(&mut self, nl: &mut netlink::Socket, vips: &BTreeSet<IpAddr>) -> Result<()> {
         for v in vips.difference(&self.held.clone()) {
             nl.addr_add(self.ifindex, *v).with_context(|| format!("adding {v} to {}", self.name))?;
             self.held.insert(*v);
@@ -63,7 +69,7 @@ impl Announcer {
     }
 
     /// Withdraws every VIP this process announced.
-    pub fn withdraw_all(&mut self, nl: &mut netlink::Socket) -> Result<()> {
+    pub(super) fn withdraw_all(&mut self, nl: &mut netlink::Socket) -> Result<()> {
         self.sync(nl, &BTreeSet::new())
     }
 }

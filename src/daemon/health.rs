@@ -1,0 +1,186 @@
+//! Health checks of `lb attach`: when each checked backend is probed, what its results make of
+//! it (up after `rise` good probes, down after `fall` failed ones), and the pool the data plane
+//! serves with that applied: a down backend's slots go to the others, and a service whose every
+//! backend is down is served with all of them (fail open). The probes themselves run on the
+//! prober's threads (probe.rs).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use lb::config::Pool;
+use lb::health::{self, HealthMap, Transition};
+use lb::stats::Snapshot;
+
+use super::describe::backend_label;
+use super::probe::{Job, Key, Prober};
+use crate::log::log;
+
+/// Health probes running at once, at most.
+const PROBE_WORKERS: usize = 16;
+
+pub(super) struct Health {
+    map: HealthMap,
+    prober: Prober,
+    /// When each checked backend is probed next.
+    next_probe: HashMap<Key, Instant>,
+    /// The earliest of those (None: nothing is checked); recomputed after every reload.
+    probes_due: Option<Instant>,
+    /// Services whose every backend is down, served as if all were up.
+    failing_open: Vec<String>,
+}
+
+impl AsFd for Health {
+    /// Readable when probe results arrived.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.prober.as_fd()
+    }
+}
+
+/// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise; by identity.
+fn label_of(pool: &Pool, service: &str, identity: &str) -> String {
+    pool.service(service)
+        .and_then(|s| s.backends.iter().find(|b| b.identity() == identity))
+        .map_or(identity.to_string(), backend_label)
+}
+
+impl Health {
+    /// Every backend starts healthy, and every checked one is probed at once.
+    pub(super) fn new() -> Result<Health> {
+        Ok(Health {
+            map: HealthMap::new(),
+            prober: Prober::new(PROBE_WORKERS)?,
+            next_probe: HashMap::new(),
+            probes_due: Some(Instant::now()),
+            failing_open: Vec::new(),
+        })
+    }
+
+    pub(super) fn map(&self) -> &HealthMap {
+        &self.map
+    }
+
+    /// Queues the probes that are due, scanning every checked backend only when one is (not on
+    /// every wake-up of the loop); returns when the next one is.
+    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool) -> Option<Instant> {
+        if self.probes_due.is_some_and(|due| now >= due) {
+            self.probes_due = self.submit_due(now, pool);
+        }
+        self.probes_due
+    }
+
+    /// Queues the probes that are due; returns when the next one is.
+    fn submit_due(&mut self, now: Instant, pool: &Pool) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for s in &pool.services {
+            let Some(check) = &s.health_check else { continue };
+            for b in s.backends.iter().filter(|b| b.weight > 0) {
+                let key = (s.name.clone(), b.identity());
+                let due = *self.next_probe.entry(key.clone()).or_insert(now);
+                let due = if due <= now {
+                    self.prober.submit(Job { key: key.clone(), addr: SocketAddr::new(b.address, check.port), check: check.clone() });
+                    let again = now + check.interval;
+                    self.next_probe.insert(key, again);
+                    again
+                } else {
+                    due
+                };
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+        }
+        next
+    }
+
+    /// Takes the probe results that arrived (each also told to `seen`: service, success, how
+    /// long it took); true when a backend changed state, so that the pool is installed again.
+    pub(super) fn results(&mut self, pool: &Pool, mut seen: impl FnMut(&str, bool, Duration)) -> bool {
+        let mut changed = false;
+        for (key, result, took) in self.prober.drain() {
+            seen(&key.0, result.is_ok(), took);
+            let Some(check) = pool.service(&key.0).and_then(|s| s.health_check.clone()) else { continue };
+            let h = self.map.entry(key.clone()).or_default();
+            let label = label_of(pool, &key.0, &key.1);
+            match h.record(result, check.rise, check.fall) {
+                Some(Transition::Down { failures, reason }) => {
+                    log(format!(
+                        "health: {} backend {label} is down after {failures} failed probes ({reason}); its slots go to the others",
+                        key.0
+                    ));
+                    changed = true;
+                }
+                Some(Transition::Up { successes }) => {
+                    log(format!("health: {} backend {label} is up after {successes} good probes; its slots come back", key.0));
+                    changed = true;
+                }
+                None => {}
+            }
+        }
+        changed
+    }
+
+    /// The pool with health applied, saying which services begin or stop failing open.
+    pub(super) fn effective(&mut self, pool: &Pool) -> Pool {
+        let (effective, open) = health::effective(pool, &self.map);
+        for s in &open {
+            if !self.failing_open.contains(s) {
+                log(format!("health: every backend of {s} is down; serving {s} with all of them (fail open) until one is up"));
+            }
+        }
+        for s in &self.failing_open {
+            if !open.contains(s) && pool.service(s).is_some() {
+                log(format!("health: {s} has a healthy backend again; unhealthy ones are left out again"));
+            }
+        }
+        self.failing_open = open;
+        effective
+    }
+
+    /// A new pool is being applied: the health of backends that stay is kept, new ones start
+    /// healthy and are probed at once. Returns the health as it was, for [`Health::restore`]
+    /// when the pool is refused.
+    pub(super) fn renew(&mut self, pool: &Pool) -> HealthMap {
+        let kept = self.map.clone();
+        health::retain(&mut self.map, pool);
+        self.probes_due = Some(Instant::now());
+        self.next_probe.retain(|k, _| {
+            pool.service(&k.0).is_some_and(|s| s.health_check.is_some() && s.backends.iter().any(|b| b.identity() == k.1))
+        });
+        kept
+    }
+
+    pub(super) fn restore(&mut self, kept: HealthMap) {
+        self.map = kept;
+    }
+
+    /// `web: b1 10.0.0.1 healthy, b2 10.0.0.2 down (timeout)` for every checked service.
+    pub(super) fn summary(&self, pool: &Pool) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in pool.services.iter().filter(|s| s.health_check.is_some()) {
+            let states: Vec<String> = s
+                .backends
+                .iter()
+                .map(|b| {
+                    let h = self.map.get(&(s.name.clone(), b.identity())).map_or("healthy".to_string(), |h| h.describe());
+                    format!("{} {h}", backend_label(b))
+                })
+                .collect();
+            out.push(format!("{}: {}", s.name, states.join(", ")));
+        }
+        out
+    }
+
+    /// Writes each checked backend's health into a counter snapshot, for `--stats-interval`.
+    pub(super) fn annotate(&self, pool: &Pool, snap: &mut Snapshot) {
+        for s in snap.services.iter_mut() {
+            if pool.service(&s.name).is_some_and(|c| c.health_check.is_some()) {
+                for b in s.backends.iter_mut() {
+                    let h = self.map.get(&(s.name.clone(), b.label.clone()));
+                    b.health = Some(h.map_or("healthy".to_string(), |h| h.describe()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Hot reload: re-read the pool file by path, validate it whole (the YAML, then what this host
+//! can serve), and hand it on: encapsulation sources, next hops and MACs first, then the pool
+//! with health applied to the data plane, then the announced VIPs. Anything wrong is logged and
+//! changes nothing: the tables being served stay.
+//!
+//! The serve loop owns the [`Reloader`] and says why it reloads (a file event, SIGHUP, the
+//! periodic check); the same content twice is not applied again, nor its error logged again.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use anyhow::Result;
+
+use lb::config::{self, Pool};
+use lb::dataplane::link;
+
+use super::announce::vips_of;
+use super::describe::describe_touched;
+use super::encap::{sources_for, EncapSources};
+use super::metrics_http::ReloadResult;
+use super::neighbours::{distinct_neighbours, next_hops};
+use super::state::Daemon;
+use crate::log::log;
+
+pub(super) struct Reloader {
+    /// Digest of the file content last read (applied or refused): the same content again is
+    /// not reloaded, nor its error logged again.
+    content: u64,
+    last_read_error: Option<String>,
+}
+
+fn digest(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh64::xxh64(bytes, 0)
+}
+
+impl Reloader {
+    /// `content` is what the running pool was read from.
+    pub(super) fn new(content: &[u8]) -> Reloader {
+        Reloader { content: digest(content), last_read_error: None }
+    }
+
+    /// Re-reads the pool file by path and, when its content changed and is valid, applies it.
+    pub(super) fn reload(&mut self, d: &mut Daemon, why: &str) -> Result<()> {
+        let started = Instant::now();
+        let Some((pool, bytes)) = self.read(d, why) else { return Ok(()) };
+        let Some((via, sources)) = check(d, why, &pool, &bytes) else { return Ok(()) };
+        apply(d, why, pool, via, sources, started)
+    }
+
+    /// The file's new content, parsed; None when it cannot be read, is unchanged or is invalid
+    /// (each said once).
+    fn read(&mut self, d: &Daemon, why: &str) -> Option<(Pool, Vec<u8>)> {
+        let path = &d.settings.config;
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = config::io_message(&e);
+                if self.last_read_error.as_deref() != Some(&msg) {
+                    log(format!("reload ({why}): {}: {msg}; the current tables keep serving", path.display()));
+                    self.last_read_error = Some(msg);
+                }
+                return None;
+            }
+        };
+        self.last_read_error = None;
+        let digest = digest(&bytes);
+        if digest == self.content {
+            d.metrics.reload(ReloadResult::Unchanged, None);
+            if why == "SIGHUP" {
+                log(format!("reload (SIGHUP): {} is unchanged", path.display()));
+            }
+            return None;
+        }
+        self.content = digest;
+        match config::parse_bytes(path, &bytes) {
+            Ok(pool) => Some((pool, bytes)),
+            Err(e) => {
+                log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+                d.metrics.reload(ReloadResult::Refused, None);
+                None
+            }
+        }
+    }
+}
+
+/// What this host needs to serve the new pool (each backend's neighbour, the encapsulation
+/// sources), or None when it cannot, with every reason logged.
+fn check(d: &mut Daemon, why: &str, pool: &Pool, bytes: &[u8]) -> Option<(HashMap<IpAddr, IpAddr>, EncapSources)> {
+    let text = String::from_utf8_lossy(bytes);
+    let serving: Vec<IpAddr> = d.configured.services.iter().map(|s| s.vip).collect();
+    let (problems, via) = next_hops(&d.settings.config, &text, pool, &d.ifc, &mut d.nl, &serving, d.settings.announce.as_deref());
+    if !problems.is_empty() {
+        log(format!("reload refused ({why}): {} cannot serve the new pool; the current tables keep serving:", d.ifc.name));
+        for p in problems {
+            log(format!("  {p}"));
+        }
+        d.metrics.reload(ReloadResult::Refused, None);
+        return None;
+    }
+    match link::interface(&d.ifc.name).map_err(|e| format!("{e:#}")).and_then(|ifc| sources_for(&d.settings.encap_sources, &ifc, pool)) {
+        Ok(sources) => Some((via, sources)),
+        Err(e) => {
+            log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+            d.metrics.reload(ReloadResult::Refused, None);
+            None
+        }
+    }
+}
+
+/// Hands a checked pool on. VIPs it drops are withdrawn before their services go, VIPs it adds
+/// announced once they are served. If the data plane refuses it, the pool and health as they
+/// were stay.
+fn apply(d: &mut Daemon, why: &str, pool: Pool, via: HashMap<IpAddr, IpAddr>, sources: EncapSources, started: Instant) -> Result<()> {
+    d.encap.update(&mut d.dp, sources)?;
+    let wanted = distinct_neighbours(&pool, &via);
+    d.neighbours.set_via(&mut d.dp, via)?;
+    d.neighbours.resolve_new(&mut d.dp, &d.ifc, &mut d.nl, &wanted)?;
+    let applying = Instant::now();
+    let previous = std::mem::replace(&mut d.configured, pool.clone());
+    let kept = d.health.renew(&pool);
+    if let Some(a) = d.announcer.as_mut() {
+        let keep: BTreeSet<IpAddr> = vips_of(&pool).intersection(&vips_of(&previous)).copied().collect();
+        a.sync(&mut d.nl, &keep)?;
+    }
+    match d.install_effective("reload") {
+        Ok(Some(touched)) => {
+            if let Some(a) = d.announcer.as_mut() {
+                a.sync(&mut d.nl, &vips_of(&pool))?;
+            }
+            let done = Instant::now();
+            d.metrics.reload(ReloadResult::Applied, Some(done - applying));
+            log(format!(
+                "reload ({why}): {} applied in {:.1} ms ({:.1} ms since reading it): {}",
+                d.settings.config.display(),
+                (done - applying).as_secs_f64() * 1e3,
+                (done - started).as_secs_f64() * 1e3,
+                describe_touched(&touched)
+            ));
+            for line in d.health.summary(&d.configured) {
+                log(format!("  health: {line}"));
+            }
+            d.neighbours.set_list(wanted);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            d.configured = previous;
+            d.health.restore(kept);
+            log(format!("reload refused ({why}): {e:#}; the current tables keep serving"));
+            d.metrics.reload(ReloadResult::Refused, None);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! The one poll loop of `lb attach`: it waits on the signalfd, the neighbour events, the
+//! probes' results and the pool file's watches, and on the timers (the data plane's clock, the
+//! periodic re-check of the file, the neighbour refresh, the stats), and hands each to its room.
+//! It decides nothing itself.
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::Signal;
+use nix::sys::signalfd::SignalFd;
+
+use super::reload::Reloader;
+use super::state::Daemon;
+use super::stats::StatsPrinter;
+use super::watch::{Debounce, Watcher};
+use crate::xdp::ensure_present;
+
+/// At most this long after the first event of a burst, a reload happens even if a writer still
+/// has the file open.
+const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// How often the data plane's clock (connection-tracking ages) is advanced.
+const CLOCK_TICK: Duration = Duration::from_millis(250);
+
+/// How often the neighbour table is re-read and unresolved or stale backends re-primed, on top
+/// of the change events the kernel sends.
+const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(5);
+
+/// Serves until a stop signal; returns its name.
+pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watcher>, mut reloader: Reloader) -> Result<String> {
+    let started = Instant::now();
+    d.publish();
+    let mut debounce = Debounce::new(d.settings.reload_delay, RELOAD_MAX_WAIT);
+    let mut next_refresh = started + NEIGHBOUR_REFRESH;
+    let mut next_tick = started + CLOCK_TICK;
+    let mut next_recheck = started + d.settings.recheck_interval;
+    let mut stats = StatsPrinter::new(d.settings.stats_interval, started);
+    loop {
+        let now = Instant::now();
+        let mut wake = next_refresh.min(next_recheck).min(next_tick);
+        // The probes that are due are queued here, before the wait.
+        for t in [stats.next(), debounce.due(), d.health.schedule(now, &d.configured)].into_iter().flatten() {
+            wake = wake.min(t);
+        }
+        wait(d, signals, watcher.as_ref(), wake.saturating_duration_since(now))?;
+
+        while let Ok(Some(sig)) = signals.read_signal() {
+            match Signal::try_from(sig.ssi_signo as i32) {
+                Ok(Signal::SIGHUP) => reloader.reload(d, "SIGHUP")?,
+                Ok(s) => return Ok(s.as_str().to_string()),
+                Err(_) => return Ok("a signal".to_string()),
+            }
+        }
+        d.on_neighbour_events()?;
+        d.on_probe_results()?;
+        if let Some(w) = &mut watcher {
+            let seen = w.read();
+            if seen.lost {
+                w.arm();
+            }
+            if seen.changed {
+                debounce.event(Instant::now(), seen.writing);
+            }
+        }
+        if debounce.fire(Instant::now()) {
+            reloader.reload(d, "file changed")?;
+        }
+
+        let now = Instant::now();
+        if now >= next_tick {
+            next_tick = now + CLOCK_TICK;
+            d.dp.tick()?;
+        }
+        if now >= next_recheck {
+            next_recheck = now + d.settings.recheck_interval;
+            let rearmed = watcher.as_mut().is_some_and(|w| w.arm());
+            reloader.reload(d, if rearmed { "watch re-armed" } else { "periodic check" })?;
+        }
+        if now >= next_refresh || d.neighbours.take_route_changes() {
+            if now >= next_refresh {
+                next_refresh = now + NEIGHBOUR_REFRESH;
+                ensure_present(&d.ifc)?;
+            }
+            d.refresh()?;
+        }
+        if stats.due(now) {
+            let mut snap = d.dp.snapshot()?;
+            d.health.annotate(&d.configured, &mut snap);
+            stats.print(now, snap)?;
+        }
+    }
+}
+
+/// Waits at most `timeout` for any of the loop's descriptors.
+fn wait(d: &Daemon, signals: &SignalFd, watcher: Option<&Watcher>, timeout: Duration) -> Result<()> {
+    let mut fds = vec![
+        PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        PollFd::new(d.neighbours.as_fd(), PollFlags::POLLIN),
+        PollFd::new(d.health.as_fd(), PollFlags::POLLIN),
+    ];
+    if let Some(w) = watcher {
+        fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+    }
+    match poll(&mut fds, PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX)) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(e).context("waiting for events"),
+    }
+}

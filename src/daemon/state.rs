@@ -1,0 +1,89 @@
+//! What `lb attach` holds while it serves: the data plane and the kernel handles, the pool as
+//! configured, and each room's own state. The few moves that cross rooms are here: installing
+//! the pool with health applied (health, data plane, metrics) and the periodic refresh of
+//! routes and neighbours. Rooms never import this module; it imports them.
+
+use anyhow::Result;
+
+use lb::config::Pool;
+use lb::dataplane::link::Interface;
+use lb::dataplane::netlink;
+use lb::plan::Touched;
+
+use super::announce::Announcer;
+use super::describe::describe_touched;
+use super::encap::Encap;
+use super::health::Health;
+use super::metrics_http::Publisher;
+use super::neighbours::Neighbours;
+use crate::log::log;
+use crate::plane::Plane;
+use crate::settings::Settings;
+
+pub(super) struct Daemon<'a> {
+    pub(super) settings: &'a Settings,
+    pub(super) ifc: Interface,
+    pub(super) dp: Plane,
+    /// For queries (routes, neighbours) and address changes.
+    pub(super) nl: netlink::Socket,
+    /// The pool as the file says; what is installed is this with health applied.
+    pub(super) configured: Pool,
+    pub(super) neighbours: Neighbours,
+    pub(super) encap: Encap,
+    pub(super) health: Health,
+    pub(super) announcer: Option<Announcer>,
+    pub(super) metrics: Publisher,
+}
+
+impl Daemon<'_> {
+    /// Installs the configured pool with health applied; returns what that changed. A failure
+    /// to apply a health change is logged and leaves the tables being served (None); any other
+    /// failure is the caller's.
+    pub(super) fn install_effective(&mut self, why: &str) -> Result<Option<Vec<Touched>>> {
+        let pool = self.health.effective(&self.configured);
+        let applying = std::time::Instant::now();
+        match self.dp.apply(&pool) {
+            Ok(applied) => {
+                self.publish();
+                if why == "health" {
+                    log(format!("health: applied in {:.1} ms: {}", applying.elapsed().as_secs_f64() * 1e3, describe_touched(&applied.touched)));
+                }
+                Ok(Some(applied.touched))
+            }
+            Err(e) if why == "health" => {
+                log(format!("health: could not apply ({e:#}); the current tables keep serving"));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes what is configured and served to the metrics thread.
+    pub(super) fn publish(&self) {
+        self.metrics.publish(&self.dp, &self.configured, self.health.map());
+    }
+
+    /// Takes the probe results that arrived, and installs the pool again if a backend changed.
+    pub(super) fn on_probe_results(&mut self) -> Result<()> {
+        let metrics = &self.metrics;
+        if self.health.results(&self.configured, |service, ok, took| metrics.probe(service, ok, took)) {
+            self.install_effective("health")?;
+        }
+        Ok(())
+    }
+
+    /// Takes the neighbour changes the kernel sent.
+    pub(super) fn on_neighbour_events(&mut self) -> Result<()> {
+        self.neighbours.on_events(&mut self.dp, &self.ifc, &mut self.nl)
+    }
+
+    /// Follows the interface's MTU and the routes to encapsulated backends, re-reads the
+    /// neighbour table, and publishes the result.
+    pub(super) fn refresh(&mut self) -> Result<()> {
+        self.encap.refresh_mtu(&mut self.dp, &self.ifc)?;
+        self.neighbours.follow_routes(&mut self.dp, &self.ifc, &mut self.nl, &self.configured)?;
+        self.neighbours.refresh(&mut self.dp, &self.ifc, &mut self.nl)?;
+        self.publish();
+        Ok(())
+    }
+}
