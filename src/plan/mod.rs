@@ -325,4 +325,40 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn the_steps_write_in_the_order_the_rules_need() {
+        // A change of every kind: a backend removed, one added, one down, a service resized,
+        // one moved to another port, one removed, one added; a first plan too.
+        let t0 = Instant::now();
+        let p1 = pool(A);
+        let first = run(&State::default(), &p1, t0);
+        let mut p2 = pool(
+            &A.replace("10.0.0.1, 10.0.0.2, 10.0.0.3", "10.0.0.1, 10.0.0.3, 10.0.0.9")
+                .replace("port: 53, protocol: udp, slots: 1009", "port: 54, protocol: udp, slots: 2003")
+                .replace("{name: alt, vip: 10.0.0.100, port: 60, slots: 1009, backends: [10.0.0.4]}", "{name: new, vip: 10.0.0.101, port: 61, slots: 1009, backends: [10.0.0.5]}"),
+        );
+        p2.services[0].backends[0].state = crate::config::BackendState::Down;
+        let second = run(&first.state, &p2, t0 + Duration::from_secs(1));
+        // Backend records, slots, routes, hash map puts, index, hash map deletes, names.
+        let phase = |op: &Op| match op {
+            Op::ResetCounters { .. } | Op::Meta { .. } | Op::Backend { .. } => 0,
+            Op::Slots(_) => 1,
+            Op::Route { .. } => 2,
+            Op::HashPut { .. } => 3,
+            Op::Index { .. } => 4,
+            Op::HashDelete { .. } => 5,
+            Op::ServiceName { .. } => 6,
+        };
+        for plan in [&first, &second] {
+            let phases: Vec<u8> = plan.ops.iter().map(phase).collect();
+            assert!(phases.windows(2).all(|w| w[0] <= w[1]), "{phases:?}");
+        }
+        let phases: std::collections::BTreeSet<u8> = second.ops.iter().map(phase).collect();
+        assert_eq!(phases.len(), 7, "the change writes every kind of op: {phases:?}");
+        // Removed backends' records come after the new ones', in the same phase.
+        let last_new = second.ops.iter().rposition(|op| matches!(op, Op::Backend { in_pool: true, .. })).expect("a new record");
+        let first_gone = second.ops.iter().position(|op| matches!(op, Op::Backend { in_pool: false, .. })).expect("a removed record");
+        assert!(last_new < first_gone);
+    }
 }

@@ -78,6 +78,30 @@ mod tests {
 
     use super::super::testkit::{pool, run, A};
     use super::super::State;
+    use super::notes;
+
+    #[test]
+    fn the_notes_name_each_backend_change_and_the_builder_parameters() {
+        let t0 = Instant::now();
+        let before = "services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 7, algorithm: bounded, load_bound: 1.02, forward: gue, gue_port: 6080, backends: [10.0.0.1, 10.0.0.2, {address: 10.0.0.3, name: b3}, 10.0.0.4]}\n";
+        let after = "services:\n  - {name: w, vip: 10.0.0.1, port: 81, slots: 7, algorithm: bounded, load_bound: 1.5, forward: gue, gue_port: 7000, backends: [{address: 10.0.0.1, state: drain}, {address: 10.0.0.2, weight: 3}, {address: 10.0.0.9, name: b3}, 10.0.0.5]}\n";
+        let old = run(&State::default(), &pool(before), t0).state.services.remove(0);
+        let new = run(&State::default(), &pool(after), t0).state.services.remove(0);
+        assert_eq!(
+            notes(&old, &new),
+            vec![
+                "endpoint 10.0.0.1:80/tcp -> 10.0.0.1:81/tcp",
+                "load_bound 1.020 -> 1.500",
+                "gue_port 6080 -> 7000",
+                "10.0.0.1 active -> drain",
+                "10.0.0.2 weight 1 -> 3",
+                "b3 address 10.0.0.3 -> 10.0.0.9",
+                "10.0.0.5 added",
+                "10.0.0.4 removed",
+            ]
+        );
+        assert!(notes(&old, &old).is_empty());
+    }
 
     #[test]
     fn the_reload_notes_name_every_kind_of_change() {

@@ -237,8 +237,8 @@ impl State {
     ) -> (State, Vec<(u32, IpAddr)>) {
         let mut st = State { initialized: true, ..State::default() };
         let reached = st.reach(live, index_of);
-        let (retire, used_ranges) = st.adopt_services(live, &reached, pool, slot_at);
-        st.free_the_rest(live, used_ranges, limits);
+        let retire = st.adopt_services(live, &reached, pool, slot_at);
+        st.free_the_rest(live, limits);
         (st, retire)
     }
 
@@ -278,24 +278,21 @@ impl State {
 
     /// Rebuild, step 2: a service for every reached key (fragment routes aside), with its
     /// table as the table array holds it and the backends that claim it. Returns the ids to
-    /// retire (claims of a second id for one backend, and of services nothing reaches) and the
-    /// table ranges in use.
+    /// retire: claims of a second id for one backend, and of services nothing reaches.
     fn adopt_services(
         &mut self,
         live: &LiveMaps,
         reached: &BTreeMap<RouteKey, (Option<u32>, Route)>,
         pool: &Pool,
         slot_at: &dyn Fn(u32) -> u32,
-    ) -> (Vec<(u32, IpAddr)>, Vec<(u32, u32)>) {
+    ) -> Vec<(u32, IpAddr)> {
         let mut by_service: BTreeMap<RouteKey, Vec<(u32, IpAddr, bool, BackendMeta)>> = BTreeMap::new();
         for b in &live.backends {
             by_service.entry(b.3.service).or_default().push(*b);
         }
         let mut retire = Vec::new();
-        let mut used_ranges: Vec<(u32, u32)> = Vec::new();
         for (key, (_, route)) in reached.iter().filter(|(k, _)| k.port != 0) {
             let owners: Vec<u32> = (0..route.table_len).map(|i| slot_at(route.base + i)).collect();
-            used_ranges.push((route.base, route.table_len));
             let configured = pool.services.iter().find(|s| service_key(s) == *key);
             let claims = by_service.remove(key).unwrap_or_default();
             let backends = adopt_backends(claims, &owners, configured, &mut retire);
@@ -321,12 +318,12 @@ impl State {
         }
         // Backends of services nothing reaches any more: retired.
         retire.extend(by_service.into_values().flatten().map(|b| (b.0, b.1)));
-        (retire, used_ranges)
+        retire
     }
 
-    /// Rebuild, step 3: the allocators. Everything not in use is free at once: what nothing
-    /// reaches, no packet can be reading.
-    fn free_the_rest(&mut self, live: &LiveMaps, mut used_ranges: Vec<(u32, u32)>, limits: &Limits) {
+    /// Rebuild, step 3: the allocators. Everything the adopted services do not use is free at
+    /// once: what nothing reaches, no packet can be reading.
+    fn free_the_rest(&mut self, live: &LiveMaps, limits: &Limits) {
         let used_routes: BTreeSet<u32> = self.keys.values().copied().collect();
         self.next_route = used_routes.iter().max().copied().unwrap_or(0).min(limits.max_route_id);
         self.free_routes = (1..=self.next_route).filter(|id| !used_routes.contains(id)).collect();
@@ -334,6 +331,7 @@ impl State {
         let highest = live.backends.iter().map(|b| b.0).chain(used_backends.iter().copied()).max().unwrap_or(0);
         self.next_backend = highest.min(limits.max_backend_id);
         self.free_backends = (1..=self.next_backend).filter(|id| !used_backends.contains(id)).rev().collect();
+        let mut used_ranges: Vec<(u32, u32)> = self.services.iter().map(|s| (s.base, s.slots)).collect();
         used_ranges.sort_unstable();
         let mut at = 0u32;
         for (base, len) in used_ranges {
@@ -390,10 +388,128 @@ fn endpoint_of(k: &RouteKey) -> String {
 mod tests {
     use std::time::{Duration, Instant};
 
+    use std::collections::BTreeMap;
+
     use super::super::testkit::{adopt_after, expected, index_of, pool, run, Maps, A, LIMITS};
-    use super::super::{plan, service_key, Limits, Op, PlanError, QUARANTINE};
-    use super::State;
+    use super::super::{identity_hash, plan, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, Route, QUARANTINE};
+    use super::{adopt_backends, LiveMaps, State};
+    use crate::config::BackendState;
     use crate::table::{build_service, Table};
+
+    #[test]
+    fn a_first_plan_has_the_whole_table_array_and_retired_ranges_come_back_merged_after_the_quarantine() {
+        let t0 = Instant::now();
+        let limits = Limits { capacity: 100, ..LIMITS };
+        let mut st = State::default();
+        st.begin(&limits, t0);
+        assert_eq!(st.free_slots(), (100, 100));
+        assert_eq!((st.alloc_range(10), st.alloc_range(20), st.alloc_range(70)), (Some(0), Some(10), Some(30)));
+        assert_eq!(st.alloc_range(1), None);
+        st.retire_range(t0, 10, 20);
+        st.retire_range(t0 + Duration::from_millis(1), 0, 10);
+        assert_eq!(st.free_slots(), (0, 30));
+        assert_eq!(st.quarantine_ends(), Some(t0 + Duration::from_millis(1) + QUARANTINE));
+        st.begin(&limits, t0 + QUARANTINE);
+        assert_eq!(st.free_slots(), (20, 30), "the first range is back, the second still waits");
+        st.begin(&limits, t0 + Duration::from_millis(1) + QUARANTINE);
+        assert_eq!((st.free_slots(), st.quarantine_ends()), ((30, 30), None));
+        assert_eq!(st.alloc_range(30), Some(0), "the two ranges merged into one piece");
+    }
+
+    #[test]
+    fn route_and_backend_ids_stop_at_the_limits_and_come_back_after_the_quarantine() {
+        let t0 = Instant::now();
+        let limits = Limits { capacity: 100, max_backend_id: 2, max_route_id: 1 };
+        let mut st = State::default();
+        st.begin(&limits, t0);
+        assert_eq!(st.alloc_route(&limits), Ok(1));
+        assert_eq!(st.alloc_route(&limits), Err(PlanError::TooManyRoutes { max: 1 }));
+        assert_eq!((st.alloc_backend(&limits), st.alloc_backend(&limits)), (Ok(1), Ok(2)));
+        assert_eq!(st.alloc_backend(&limits), Err(PlanError::TooManyBackends { max: 2 }));
+        st.retire_route(t0, 1);
+        st.retire_backend(t0, 2);
+        st.begin(&limits, t0 + QUARANTINE - Duration::from_millis(1));
+        assert!(st.alloc_route(&limits).is_err() && st.alloc_backend(&limits).is_err(), "still in quarantine");
+        st.begin(&limits, t0 + QUARANTINE);
+        assert_eq!((st.alloc_route(&limits), st.alloc_backend(&limits)), (Ok(1), Ok(2)));
+    }
+
+    #[test]
+    fn a_tainted_state_makes_the_next_plan_rewrite_every_slot_and_what_the_interrupted_change_touched() {
+        let t0 = Instant::now();
+        let p = pool(A);
+        let first = run(&State::default(), &p, t0);
+        let mut maps = Maps::default();
+        maps.apply(&first.ops);
+        let dns = service_key(&p.services[1]);
+        let mut st = first.state.clone();
+        st.taint(&[Op::Index { index: 3, entry: None }, Op::HashPut { key: dns, route: first.state.routes[&first.state.keys[&dns]] }]);
+        assert!(!st.index.contains_key(&3) && st.dirty_index().contains(&3) && !st.keys.contains_key(&dns));
+        let again = run(&st, &p, t0 + Duration::from_secs(1));
+        assert_eq!(again.slots_written(), 3 * 1009, "every slot is rewritten");
+        assert!(again.ops.iter().any(|op| matches!(op, Op::Index { index: 3, entry: Some(_) })), "the touched entry is rewritten");
+        assert!(again.ops.iter().any(|op| matches!(op, Op::HashPut { key, .. } if *key == dns)), "the touched key gets its route again");
+        maps.apply(&again.ops);
+        for s in &p.services {
+            assert_eq!(maps.table(&service_key(s)), expected(&p, &s.name), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn a_rebuild_reaches_only_what_the_index_leads_to() {
+        let t0 = Instant::now();
+        let p = pool(A);
+        let first = run(&State::default(), &p, t0);
+        let mut maps = Maps::default();
+        maps.apply(&first.ops);
+        // Left over by an interrupted change: a route nothing leads to, and an index entry
+        // naming a route whose key has another index.
+        let web = first.state.routes[&first.state.keys[&service_key(&p.services[0])]];
+        maps.routes.insert(99, Route { base: 5000, ..web });
+        maps.routes.insert(98, web);
+        maps.index.insert(6, IndexEntry::Route(98));
+        let mut st = State::default();
+        let reached = st.reach(&maps.live(), &index_of);
+        assert_eq!(reached.keys().collect::<Vec<_>>(), first.state.keys.keys().collect::<Vec<_>>());
+        assert_eq!((&st.keys, &st.routes, &st.hashed), (&first.state.keys, &first.state.routes, &first.state.hashed));
+        assert_eq!(st.index, first.state.index);
+    }
+
+    #[test]
+    fn a_rebuild_adopts_one_id_per_backend_the_one_owning_most_slots() {
+        let p = pool("services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 7, backends: [10.0.0.2]}\n");
+        let key = service_key(&p.services[0]);
+        let claim = |id, addr: &str, identity: &str| {
+            (id, addr.parse().expect("address"), true, BackendMeta { service: key, identity: identity_hash(identity), weight: 1, state: BackendState::Active })
+        };
+        let claims = vec![claim(1, "10.0.0.2", "10.0.0.2"), claim(7, "10.0.0.2", "10.0.0.2"), claim(3, "10.0.0.3", "gone")];
+        let mut retire = Vec::new();
+        let got = adopt_backends(claims, &[7, 7, 1, 3, 0, 0, 0], Some(&p.services[0]), &mut retire);
+        let got: Vec<(u32, &str)> = got.iter().map(|b| (b.id, b.identity.as_str())).collect();
+        let unknown = format!("#{:016x}", identity_hash("gone"));
+        assert_eq!(got, vec![(3, unknown.as_str()), (7, "10.0.0.2")], "by id; named from the file where it can be");
+        assert_eq!(retire, vec![(1, "10.0.0.2".parse().expect("address"))]);
+    }
+
+    #[test]
+    fn a_rebuild_frees_every_range_and_id_nothing_uses() {
+        let mut services = run(&State::default(), &pool("services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 7, backends: [10.0.0.2, 10.0.0.3]}\n"), Instant::now()).state.services;
+        services[0].backends[0].id = 2;
+        services[0].backends[1].id = 5;
+        services.push(services[0].clone());
+        services[0].base = 30;
+        services[1].base = 10;
+        services[1].backends.clear();
+        services[1].key.port = 81;
+        let keys = BTreeMap::from([(services[0].key, 1), (services[1].key, 3)]);
+        let mut st = State { services, keys, ..State::default() };
+        let stray = (6, "10.0.0.9".parse().expect("address"), true, BackendMeta { service: st.services[0].key, identity: 0, weight: 1, state: BackendState::Active });
+        let live = LiveMaps { backends: vec![stray], ..LiveMaps::default() };
+        st.free_the_rest(&live, &Limits { capacity: 100, ..LIMITS });
+        assert_eq!(st.free_ranges, vec![(0, 10), (17, 13), (37, 63)]);
+        assert_eq!((st.next_route, st.free_routes.clone()), (3, vec![2]));
+        assert_eq!((st.next_backend, st.free_backends.clone()), (6, vec![6, 4, 3, 1]));
+    }
 
     #[test]
     fn a_state_rebuilt_from_the_maps_repairs_any_interrupted_change_and_writes_only_what_differs() {

@@ -414,11 +414,310 @@ pub(super) fn index_groups(keys: &BTreeMap<RouteKey, u32>, index_of: &dyn Fn(&Ro
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::{Duration, Instant};
 
-    use super::super::testkit::{index_of, pool, LIMITS};
-    use super::super::{plan, Limits, PlanError, State, QUARANTINE};
+    use super::super::testkit::{index_of, pool, run, A, LIMITS};
+    use super::super::{identity_hash, plan, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, RouteKey, State, Touched, QUARANTINE};
+    use super::{change, index_groups, wanted_routes, Budget, Draft};
+    use crate::config::{BackendState, HashMode, Pool};
     use crate::table::{build_service, Table};
+
+    /// The state after installing `text` at `t0`, and the pool.
+    fn installed(text: &str, t0: Instant) -> (Pool, State) {
+        let p = pool(text);
+        let st = run(&State::default(), &p, t0).state;
+        (p, st)
+    }
+
+    fn key_of(p: &Pool, name: &str) -> RouteKey {
+        service_key(p.service(name).expect("service"))
+    }
+
+    #[test]
+    fn the_capacity_check_counts_only_new_and_resized_tables() {
+        let t0 = Instant::now();
+        let (_, st) = installed(A, t0);
+        // web grows, dns keeps its size, alt goes, x comes.
+        let p = pool(
+            &A.replace("port: 80, slots: 1009", "port: 80, slots: 2003")
+                .replace("{name: alt, vip: 10.0.0.100, port: 60, slots: 1009, backends: [10.0.0.4]}", "{name: x, vip: 10.0.0.100, port: 61, slots: 97, backends: [10.0.0.4]}"),
+        );
+        let d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        assert_eq!(d.check_capacity(&p), Ok(Budget { needed: 2003 + 97, free_now: (1 << 20) - 3 * 1009 }));
+        assert!(d.ops.is_empty(), "the check writes nothing");
+    }
+
+    #[test]
+    fn the_backend_step_keeps_ids_writes_only_what_changed_and_gives_a_new_backend_a_reset_id() {
+        let t0 = Instant::now();
+        let (_, st) = installed("services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 7, backends: [10.0.0.2, 10.0.0.3, 10.0.0.5, 10.0.0.6]}\n", t0);
+        let mut p = pool("services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 7, backends: [10.0.0.2, {address: 10.0.0.3, weight: 2}, {address: 10.0.0.5, state: drain}, 10.0.0.6, 10.0.0.4]}\n");
+        p.services[0].backends[0].state = BackendState::Down;
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        let old = d.old_service("w");
+        let got = d.backends(&p.services[0], old).expect("ids");
+        assert_eq!(got.iter().map(|b| b.id).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5], "staying backends keep their ids; the new one gets the next");
+        let key = key_of(&p, "w");
+        let meta = |identity: &str, weight, state| BackendMeta { service: key, identity: identity_hash(identity), weight, state };
+        let addr = |a: &str| a.parse().expect("address");
+        assert_eq!(
+            d.ops,
+            vec![
+                // Down: its meta says so, and its record says tracked flows leave it.
+                Op::Meta { id: 1, meta: meta("10.0.0.2", 1, BackendState::Down), name: "10.0.0.2".into() },
+                Op::Backend { id: 1, address: addr("10.0.0.2"), alive: false, in_pool: true },
+                // A new weight or a drain: the meta only.
+                Op::Meta { id: 2, meta: meta("10.0.0.3", 2, BackendState::Active), name: "10.0.0.3".into() },
+                Op::Meta { id: 3, meta: meta("10.0.0.5", 1, BackendState::Drain), name: "10.0.0.5".into() },
+                // 10.0.0.6 unchanged: nothing. The new one: counters, meta, then its record.
+                Op::ResetCounters { id: 5 },
+                Op::Meta { id: 5, meta: meta("10.0.0.4", 1, BackendState::Active), name: "10.0.0.4".into() },
+                Op::Backend { id: 5, address: addr("10.0.0.4"), alive: true, in_pool: true },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_table_step_rewrites_changed_slots_in_place_and_moves_a_resized_table_to_a_fresh_range() {
+        let t0 = Instant::now();
+        let cap = LIMITS.capacity as u64;
+        let (p, st) = installed("services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 7, backends: [10.0.0.2, 10.0.0.3]}\n", t0);
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        let budget = d.check_capacity(&p).expect("fits");
+        let old = d.old_service("w").expect("installed");
+        let (base, was) = (old.base, old.owners.clone());
+        // Same size: only the slot whose owner changes is written, in place.
+        let mut owners = was.clone();
+        owners[4] = if owners[4] == 1 { 2 } else { 1 };
+        let mut slots = Vec::new();
+        assert_eq!(d.table(&p.services[0], Some(old), &owners, &mut slots, budget), Ok((base, 1)));
+        assert_eq!(slots, vec![(base + 4, owners[4])]);
+        assert_eq!(d.st.free_slots(), (cap - 7, cap - 7), "no range taken or retired");
+        // Another size: a fresh range written in full, and the old one in quarantine.
+        let p11 = pool("services:\n  - {name: w, vip: 10.0.0.1, port: 80, slots: 11, backends: [10.0.0.2, 10.0.0.3]}\n");
+        let owners = vec![1; 11];
+        let mut slots = Vec::new();
+        let (fresh, written) = d.table(&p11.services[0], Some(old), &owners, &mut slots, budget).expect("fits");
+        assert_eq!((fresh, written), (7, 11), "the first free entry after the live range");
+        assert_eq!(slots, (7..18).map(|i| (i, 1)).collect::<Vec<_>>());
+        assert_eq!(d.st.free_slots(), (cap - 18, cap - 11), "the old range waits out the quarantine");
+    }
+
+    #[test]
+    fn the_change_step_tells_added_changed_and_unchanged_services_apart() {
+        let t0 = Instant::now();
+        let (_, st) = installed(A, t0);
+        let web = &st.services[0];
+        assert_eq!(change(None, web, 0), Some("added"));
+        assert_eq!(change(Some(web), web, 0), None);
+        // A state rebuilt from the maps lists backends by id: the order does not count.
+        let mut reordered = web.clone();
+        reordered.backends.reverse();
+        assert_eq!(change(Some(web), &reordered, 0), None);
+        assert_eq!(change(Some(web), web, 1), Some("changed"), "a slot written");
+        let variants: Vec<fn(&mut super::LiveService)> = vec![
+            |s| s.key.port += 1,
+            |s| s.hash = HashMode::Flow,
+            |s| s.slots += 1,
+            |s| s.conntrack = !s.conntrack,
+            |s| s.forward = crate::config::Forward::Ipip,
+            |s| s.gue_port += 1,
+            |s| s.algorithm = crate::config::Algorithm::Maglev,
+            |s| s.algorithm_param += 1,
+            |s| s.backends[0].weight += 1,
+            |s| {
+                s.backends.pop();
+            },
+        ];
+        for (i, f) in variants.into_iter().enumerate() {
+            let mut new = web.clone();
+            f(&mut new);
+            assert_eq!(change(Some(web), &new, 0), Some("changed"), "variant {i}");
+        }
+    }
+
+    #[test]
+    fn the_service_step_places_every_service_in_pool_order_and_reports_each_change() {
+        let t0 = Instant::now();
+        let (_, st) = installed(A, t0);
+        // web loses 10.0.0.2 (id 2) and alt grows; dns stays.
+        let p = pool(&A.replace("10.0.0.1, 10.0.0.2, 10.0.0.3", "10.0.0.1, 10.0.0.3").replace("port: 60, slots: 1009", "port: 60, slots: 2003"));
+        let tables: Vec<Table> = p.services.iter().map(build_service).collect();
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        let budget = d.check_capacity(&p).expect("fits");
+        let placed = d.place_services(&p, &tables, budget).expect("fits");
+        assert_eq!(placed.kept, BTreeSet::from([1, 3, 4, 5, 6]));
+        assert_eq!(d.st.services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["web", "dns", "alt"]);
+        let alt = &d.st.services[2];
+        let web_written = placed.slots.len() - 2003;
+        assert!(web_written > 0 && placed.slots.iter().all(|&(_, id)| id != 2), "no slot names the removed backend");
+        assert!(placed.slots.ends_with(&(0..2003).map(|i| (alt.base + i, alt.owners[i as usize])).collect::<Vec<_>>()), "alt in full, after web");
+        let summary: Vec<(&str, &str, u64)> = d.touched.iter().map(|t| (t.name.as_str(), t.change, t.slots_written)).collect();
+        assert_eq!(summary, vec![("web", "changed", web_written as u64), ("alt", "changed", 2003)]);
+        assert!(d.ops.is_empty(), "no new backend: no record to write");
+    }
+
+    #[test]
+    fn the_retire_steps_report_removed_services_and_quarantine_their_ranges_and_ids() {
+        let t0 = Instant::now();
+        let (_, st) = installed(A, t0);
+        let p = pool(&A.replace("  - {name: alt, vip: 10.0.0.100, port: 60, slots: 1009, backends: [10.0.0.4]}\n", ""));
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        let (free, later) = d.st.free_slots();
+        d.retire_services(&p);
+        assert_eq!(d.touched, vec![Touched { name: "alt".into(), change: "removed", notes: Vec::new(), slots_written: 0 }]);
+        assert_eq!(d.st.free_slots(), (free, later + 1009), "alt's range waits out the quarantine");
+        // web keeps 1 and 3, dns 4 and 5; 2 and alt's 6 go.
+        d.retire_backends(&BTreeSet::from([1, 3, 4, 5]));
+        let gone = |id, a: &str| Op::Backend { id, address: a.parse().expect("address"), alive: false, in_pool: false };
+        assert_eq!(d.ops, vec![gone(2, "10.0.0.2"), gone(6, "10.0.0.4")]);
+        assert_eq!(d.st.alloc_backend(&LIMITS), Ok(7), "a retired id is not given again at once");
+    }
+
+    #[test]
+    fn the_slot_step_writes_one_batch_or_nothing() {
+        let t0 = Instant::now();
+        let (_, st) = installed(A, t0);
+        let mut d = Draft::new(&st, &LIMITS, t0);
+        d.write_slots(Vec::new());
+        assert!(d.ops.is_empty());
+        d.write_slots(vec![(1, 2), (3, 4)]);
+        assert_eq!(d.ops, vec![Op::Slots(vec![(1, 2), (3, 4)])]);
+    }
+
+    #[test]
+    fn the_wanted_routes_add_a_fragment_route_per_vip_and_protocol() {
+        let t0 = Instant::now();
+        let (p, st) = installed(A, t0);
+        let wanted = wanted_routes(&st.services);
+        let frag = |proto| RouteKey { addr: p.services[0].vip, port: 0, proto };
+        let (tcp, udp) = (frag(crate::config::Protocol::Tcp), frag(crate::config::Protocol::Udp));
+        assert_eq!(wanted.keys().copied().collect::<BTreeSet<_>>(), BTreeSet::from([key_of(&p, "web"), key_of(&p, "dns"), key_of(&p, "alt"), tcp, udp]));
+        let web = &st.services[0];
+        assert_eq!((wanted[&key_of(&p, "web")].base, wanted[&key_of(&p, "web")].slots, wanted[&key_of(&p, "web")].hash), (web.base, 1009, HashMode::ClientIp));
+        // Two services on tcp: fragments cannot follow the client, the route says flow; it
+        // points at the first service's table.
+        assert_eq!((wanted[&tcp].hash, wanted[&tcp].base, wanted[&tcp].conntrack), (HashMode::Flow, web.base, false));
+        // dns alone on udp, hashing by flow: flow too.
+        assert_eq!(wanted[&udp].hash, HashMode::Flow);
+        // One service hashing by client address: its fragments follow the client.
+        let (_, st) = installed(&A.replace("hash: flow, ", ""), t0);
+        assert_eq!(wanted_routes(&st.services)[&udp].hash, HashMode::ClientIp);
+        // No backend with weight: the route says 0 slots, the range stays its length.
+        let (p, st) = installed(&A.replace("[10.0.0.4]", "[{address: 10.0.0.4, weight: 0}]"), t0);
+        let alt = wanted_routes(&st.services)[&key_of(&p, "alt")];
+        assert_eq!((alt.slots, alt.table_len), (0, 1009));
+    }
+
+    #[test]
+    fn the_route_step_keeps_the_ids_of_unchanged_routes_and_gives_changed_ones_new_ids() {
+        let t0 = Instant::now();
+        let (p, st) = installed(A, t0);
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        let mut wanted = wanted_routes(&st.services);
+        d.routes(&wanted).expect("ids");
+        assert!(d.ops.is_empty(), "nothing changed: nothing written");
+        assert_eq!((&d.st.keys, &d.st.routes), (&st.keys, &st.routes));
+        // web's route changes: a new id, written; the old one is not reused at once.
+        let web = key_of(&p, "web");
+        wanted.get_mut(&web).expect("web").conntrack = false;
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.routes(&wanted).expect("ids");
+        let id = d.st.keys[&web];
+        assert_ne!(id, st.keys[&web]);
+        assert_eq!(d.ops, vec![Op::Route { id, route: wanted[&web] }]);
+        assert_ne!(d.st.alloc_route(&LIMITS), Ok(st.keys[&web]), "the old id is in quarantine");
+        // A key that goes frees its id only after the quarantine too.
+        let mut fewer = wanted_routes(&st.services);
+        fewer.remove(&key_of(&p, "alt"));
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.routes(&fewer).expect("ids");
+        assert!(d.ops.is_empty());
+        assert_ne!(d.st.alloc_route(&LIMITS), Ok(st.keys[&key_of(&p, "alt")]));
+    }
+
+    #[test]
+    fn keys_that_share_an_index_entry_are_grouped_and_go_through_the_hash_map() {
+        let t0 = Instant::now();
+        let (p, st) = installed(A, t0);
+        // port % 7: 80 -> 3, 53 and 60 -> 4, both fragment routes (port 0) -> 0.
+        let groups = index_groups(&st.keys, &index_of);
+        let sizes: BTreeMap<u32, usize> = groups.iter().map(|(i, g)| (*i, g.len())).collect();
+        assert_eq!(sizes, BTreeMap::from([(0, 2), (3, 1), (4, 2)]));
+        assert_eq!(groups[&3], vec![key_of(&p, "web")]);
+        // The same groups again: every shared key is in the hash map already.
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.put_hashed(&groups);
+        assert!(d.ops.is_empty());
+        assert_eq!(d.st.hashed, st.hashed);
+        // Everything on one entry: web joins the hash map, put before the index can send it there.
+        let all = index_groups(&st.keys, &|_| 0);
+        d.put_hashed(&all);
+        let web = key_of(&p, "web");
+        assert_eq!(d.ops, vec![Op::HashPut { key: web, route: st.routes[&st.keys[&web]] }]);
+        assert_eq!(d.st.hashed.len(), 5);
+    }
+
+    #[test]
+    fn the_index_step_writes_changed_and_unknown_entries_and_clears_unused_ones() {
+        let t0 = Instant::now();
+        let (p, st) = installed(A, t0);
+        let groups = index_groups(&st.keys, &index_of);
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.switch_index(&groups);
+        assert!(d.ops.is_empty(), "nothing changed");
+        // Everything on entry 0 (shared already): 3 and 4 are cleared.
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.switch_index(&index_groups(&st.keys, &|_| 0));
+        assert_eq!(d.ops, vec![Op::Index { index: 3, entry: None }, Op::Index { index: 4, entry: None }]);
+        assert_eq!(d.st.index, BTreeMap::from([(0, IndexEntry::Shared)]));
+        // After an interrupted change wrote entries 3 and 5, their content is unknown: 3 is
+        // written again, and 5, which no key has, is cleared.
+        let mut tainted = st.clone();
+        tainted.taint(&[Op::Index { index: 3, entry: None }, Op::Index { index: 5, entry: Some(IndexEntry::Shared) }]);
+        let mut d = Draft::new(&tainted, &LIMITS, t0 + Duration::from_secs(1));
+        d.switch_index(&groups);
+        assert_eq!(d.ops, vec![Op::Index { index: 3, entry: Some(IndexEntry::Route(st.keys[&key_of(&p, "web")])) }, Op::Index { index: 5, entry: None }]);
+        assert!(d.st.dirty_index().is_empty(), "known again");
+    }
+
+    #[test]
+    fn only_keys_that_no_longer_share_an_entry_leave_the_hash_map() {
+        let t0 = Instant::now();
+        let (p, st) = installed(A, t0);
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.delete_unhashed();
+        assert!(d.ops.is_empty());
+        let alt = key_of(&p, "alt");
+        d.st.hashed.remove(&alt);
+        d.delete_unhashed();
+        assert_eq!(d.ops, vec![Op::HashDelete { key: alt }]);
+    }
+
+    #[test]
+    fn names_are_forgotten_for_removed_keys_and_written_for_new_and_renamed_services() {
+        let t0 = Instant::now();
+        let (p, st) = installed(A, t0);
+        let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
+        d.name_services();
+        assert!(d.ops.is_empty());
+        // alt goes; dns is renamed (same key); a service moves to a new key.
+        d.st.services.retain(|s| s.name != "alt");
+        d.st.services[1].name = "dns2".into();
+        d.st.services[0].key.port = 81;
+        d.name_services();
+        let web = key_of(&p, "web");
+        assert_eq!(
+            d.ops,
+            vec![
+                Op::ServiceName { key: web, name: None },
+                Op::ServiceName { key: key_of(&p, "alt"), name: None },
+                Op::ServiceName { key: RouteKey { port: 81, ..web }, name: Some("web".into()) },
+                Op::ServiceName { key: key_of(&p, "dns"), name: Some("dns2".into()) },
+            ]
+        );
+    }
 
     #[test]
     fn capacity_is_checked_before_anything_and_quarantine_is_waited_for() {
