@@ -2,7 +2,8 @@
 //! which order, so that no packet ever meets a half-applied change. Kernel-free: the data plane
 //! module executes the [`Op`]s this computes, one map write each, in order.
 //!
-//! The rules the order follows (each is checked by the tests below):
+//! The rules the order follows (each is checked by the tests, which replay every plan's ops on a
+//! model of the maps):
 //! - a backend record is written before any table slot names its id;
 //! - a route (an entry of the `routes` array) is written before anything leads to it, and never
 //!   rewritten while anything does: a changed route gets a new id;
@@ -36,7 +37,6 @@ mod steps;
 mod testkit;
 
 pub use state::{LiveBackend, LiveMaps, LiveService, State, QUARANTINE};
-
 
 /// A service key as the data plane looks it up. Port 0 is the fragment route of (addr, proto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -190,7 +190,6 @@ fn algorithm_param(s: &Service) -> u32 {
 pub fn service_key(s: &Service) -> RouteKey {
     RouteKey { addr: s.vip, port: s.port, proto: s.protocol }
 }
-
 
 /// Computes the ops that take the maps from `state` to `pool`, whose tables are `tables` (one
 /// per service, in order, as `table::build_service` builds them). `index_of` is the data
