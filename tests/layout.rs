@@ -5,6 +5,7 @@
 //! - src/dataplane/ talks to the kernel and never drives the core: no table builder, no planner,
 //!   no state rebuild;
 //! - the rooms' imports form no cycle.
+//!
 //! No root needed.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -357,8 +357,8 @@ fn put_flow(map: &dyn MapCore, buckets: u32, choices: usize, slot: &[u8]) -> Res
 }
 
 /// A slot for an entry of the flow table's earlier form (an LRU hash: key struct lb_flow_key
-/// {src[16], dst[16], sport, dport, proto, family, pad[2]}; value {backend u32, gen u32,
-/// seen_ms u64}), in a slot of `size` bytes.
+/// `{src[16], dst[16], sport, dport, proto, family, pad[2]}`; value `{backend u32, gen u32,
+/// seen_ms u64}`), in a slot of `size` bytes.
 fn slot_from_keyed(k: &[u8], v: &[u8], size: usize) -> Option<Vec<u8>> {
     if k.len() < 38 || v.len() < 16 || size < 16 {
         return None;

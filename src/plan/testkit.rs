@@ -137,7 +137,7 @@ pub(super) const A: &str = "services:
 
 /// The controller died after writing `done` of a change to `maps`; a new one adopts them
 /// with the file `p`: rebuilds the state from the maps, retires ids that claim to be in the
-/// pool but nothing reaches (as Dataplane::adopt does), and applies `p`. Returns the maps
+/// pool but nothing reaches (as Balancer::adopt does), and applies `p`. Returns the maps
 /// after, and the adoption's plan.
 pub(super) fn adopt_after(maps: &Maps, done: &[Op], p: &Pool, now: Instant) -> (Maps, Plan) {
     let mut m = maps.clone();
