@@ -1,5 +1,5 @@
 //! The only module that talks to the kernel: loads the XDP program's skeleton and sizes and sets
-//! it up (here), executes the planner's operations on its maps ([`write`](mod@write)), encodes what crosses
+//! it up (here), executes the planner's operations on its maps (`write`), encodes what crosses
 //! the boundary (`encode`), reuses a pinned plane's maps across upgrades (`reuse`), reads a
 //! live or pinned plane back ([`live`]) and its counters ([`counters`]), attaches it ([`link`])
 //! and asks the network stack about routes and neighbours ([`netlink`]).
