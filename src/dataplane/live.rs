@@ -185,7 +185,7 @@ impl Dataplane {
     /// Takes over what this plane's (adopted) maps say beyond `live`: the counter generation of
     /// every backend id up to the highest in use, and the MACs the backend records hold, which
     /// stand until the neighbour table says otherwise.
-    pub fn recall(&mut self, live: &plan::LiveMaps) -> Result<()> {
+    pub(crate) fn recall(&mut self, live: &plan::LiveMaps) -> Result<()> {
         let highest = live.backends.iter().map(|b| b.0).max().unwrap_or(0);
         let max_id = self.sizes()?.backends - 1;
         for id in 1..=max_id.min(highest) {

@@ -217,8 +217,8 @@ impl Dataplane {
     /// Remembers that frames for backend `addr` go to `neighbour` (itself when on the link), for
     /// the backend records written from now on. Writes nothing: rewriting the records of the
     /// backends at `addr` takes knowing which ids are there, which the caller does. Returns
-    /// whether the neighbour changed.
-    pub fn remember_via(&mut self, addr: IpAddr, neighbour: IpAddr) -> bool {
+    /// whether the neighbour changed. Crate-private (see [`Dataplane::execute`]).
+    pub(crate) fn remember_via(&mut self, addr: IpAddr, neighbour: IpAddr) -> bool {
         if self.neighbour_of(addr) == neighbour {
             return false;
         }
@@ -232,7 +232,7 @@ impl Dataplane {
 
     /// Remembers neighbour `addr`'s MAC (None: unknown), for the backend records written from now
     /// on. Writes nothing (see [`Dataplane::remember_via`]). Returns whether it changed.
-    pub fn remember_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> bool {
+    pub(crate) fn remember_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> bool {
         if self.mac(addr) == mac {
             return false;
         }

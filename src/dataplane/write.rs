@@ -15,8 +15,10 @@ use super::encode::{addr_words, bytes_of, name_bytes, route_value, service_key_o
 use super::{types, Dataplane};
 
 impl Dataplane {
-    /// Writes one operation of a plan to the maps.
-    pub fn execute(&mut self, op: &plan::Op) -> Result<()> {
+    /// Writes one operation of a plan to the maps. Crate-private, like every write that the
+    /// balancer's mirror must know of: a caller outside the crate reaches the data plane through
+    /// the balancer's Deref, and must not change the maps behind its back.
+    pub(crate) fn execute(&mut self, op: &plan::Op) -> Result<()> {
         let maps = &self.skel.maps;
         match op {
             plan::Op::Backend { id, address, alive, in_pool } => self.write_backend(*id, *address, *alive, *in_pool)?,
@@ -82,7 +84,7 @@ impl Dataplane {
 
     /// Writes backend `id`'s address (the outer destination of encapsulated packets), then its
     /// record: its neighbour's MAC as known now.
-    pub fn write_backend(&self, id: u32, address: IpAddr, alive: bool, in_pool: bool) -> Result<()> {
+    pub(crate) fn write_backend(&self, id: u32, address: IpAddr, alive: bool, in_pool: bool) -> Result<()> {
         let mac = self.macs.get(&self.neighbour_of(address)).copied();
         let (addr, family) = addr_words(address);
         let to = types::lb_addr { addr, family, ..Default::default() };
