@@ -62,14 +62,24 @@ pub fn run(settings: Settings, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     let Some(Started { mut daemon, attachment, pinning, signals, watcher }) = startup::start(&settings, pool, content)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let stop = serve::serve(&mut daemon, &signals, watcher, Reloader::new(content))?;
-    shutdown(daemon, attachment, pinning, &stop)
+    let result = match serve::serve(&mut daemon, &signals, watcher, Reloader::new(content)) {
+        Ok(stop) => shutdown(&mut daemon, attachment, pinning.as_ref(), &stop),
+        Err(e) => {
+            drop(attachment);
+            Err(e)
+        }
+    };
+    // However it ended, the data plane's descriptors close before the pin lock goes, so that a
+    // next `lb attach --pin` that takes the lock finds this process gone from the maps.
+    drop(daemon);
+    drop(pinning);
+    result
 }
 
 /// After a stop signal: without --pin, the VIPs are withdrawn and the program detached; with
 /// it, the data plane stays as it is, with no controller. Either way the last line sums up what
 /// it counted.
-fn shutdown(mut d: Daemon, attachment: Attachment, pinning: Option<Pinning>, stop: &str) -> Result<ExitCode> {
+fn shutdown(d: &mut Daemon, attachment: Attachment, pinning: Option<&Pinning>, stop: &str) -> Result<ExitCode> {
     if let (Some(a), None) = (d.announcer.as_mut(), &pinning) {
         // Withdrawn before the program goes: a VIP left local with nothing in front of it
         // would have this host answer its connections with resets.
