@@ -1,7 +1,7 @@
 //! What `lb attach --metrics` exports, kernel-free: the model of what is configured and served
 //! (filled by the serve loop), and its encoding in the Prometheus / OpenMetrics text formats
 //! together with a counter [`Snapshot`] read from the data plane at scrape time. The HTTP thread
-//! lives in the binary (src/serve_metrics.rs); everything here is testable without root.
+//! lives in the binary (src/daemon/metrics_http.rs); everything here is testable without root.
 
 use std::fmt;
 

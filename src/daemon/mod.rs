@@ -26,7 +26,8 @@
 //!
 //! Imports go one way: rooms import none of startup, serve, state or reload (nor each other,
 //! but for describe.rs and probe.rs); state.rs imports rooms; reload.rs imports state.rs;
-//! startup.rs and serve.rs import both; this module imports startup and serve. The data plane
+//! startup.rs imports state.rs and the rooms; serve.rs imports state.rs and reload.rs; this
+//! module imports startup, serve, state, reload and pinning. The data plane
 //! is `crate::plane::Plane` everywhere.
 
 mod announce;
