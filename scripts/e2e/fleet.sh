@@ -53,7 +53,7 @@ start_node() { # NODE MODE
     ip netns exec "$PREFIX-$1" "$LB" attach eth0 --config "$WORK/pool-$1.yaml" --xdp-mode "$2" --pin --pin-dir "$PINS" \
         --announce ifb0 --reload-delay 0.05 >"$WORK/stats-$1.out" 2>>"$WORK/lb-$1.log" &
     echo $! >"$WORK/lb-$1.pid"
-    wait_serving "$WORK/lb-$1.log" "${before:-0}" "$(cat "$WORK/lb-$1.pid")" "lb on $1"
+    wait_serving "$WORK/lb-$1.log" "${before:-0}" "$(cat "$WORK/lb-$1.pid")" "lb on $1" 100
 }
 
 fleet_teardown() {
@@ -109,7 +109,7 @@ test_fleet_two_nodes_behind_ecmp_lose_no_connection() { # MODE [FORWARD]
     say "    1000 connections on their predicted backends; node A forwarded $fa packets, node B $fb"
 
     # (2) 200 long-lived connections; node A withdraws (its BIRD stops).
-    hold_open "$TOPO_RCLIENTS4" 200 10
+    HOLD_TRIES=200 hold_open "$TOPO_RCLIENTS4" 200 10
     churn_start "$TOPO_RCLIENTS4"
     sleep 0.5
     bird_stop na
@@ -131,7 +131,7 @@ test_fleet_two_nodes_behind_ecmp_lose_no_connection() { # MODE [FORWARD]
     # (4) A rolling pool change: b2 removed on A, then on B a few seconds later. No flow of
     # another backend breaks or moves at any point.
     probe "$WORK/before" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "before the rolling change"
-    hold_open "$TOPO_RCLIENTS4" 200 12 --allow-broken-on b2
+    HOLD_TRIES=200 hold_open "$TOPO_RCLIENTS4" 200 12 --allow-broken-on b2
     fleet_pool "$WORK/pool-na.yaml" "1 3"
     wait_log "web changed (b2 removed" 1 "$WORK/lb-na.log"
     probe "$WORK/mixed" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || true

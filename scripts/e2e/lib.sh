@@ -113,11 +113,11 @@ teardown() {
     rm -rf "$WORK"
 }
 
-# Waits until LOG holds more than BEFORE "serving;" lines (lb attach serves) while PID runs;
-# fails with "WHAT did not start" and the log otherwise.
-wait_serving() { # LOG BEFORE PID WHAT
+# Waits up to TRIES x 50 ms (default 200: 10 s) until LOG holds more than BEFORE "serving;"
+# lines (lb attach serves) while PID runs; fails with "WHAT did not start" and the log otherwise.
+wait_serving() { # LOG BEFORE PID WHAT [TRIES]
     local n
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 "${5:-200}"); do
         n=$(grep -c "serving;" "$1" 2>/dev/null || true)
         [ "${n:-0}" -gt "$2" ] && return 0
         kill -0 "$3" 2>/dev/null || break
@@ -219,7 +219,8 @@ stop_lb() { # SIGNAL
 
 # Opens CONNECTIONS long-lived connections to 10.99.0.100:80 from SOURCES that keep talking for
 # SECONDS (e2e hold, its report in $WORK/hold.log); sets HOLD to the holder's pid once every
-# connection is open. hold_wait waits for it to end, hold_summary prints its last line.
+# connection is open, waiting HOLD_TRIES x 50 ms for that (100: 5 s; the fleet's 200 through a
+# router take longer). hold_wait waits for it to end, hold_summary prints its last line.
 hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
     local sources=$1 n=$2 secs=$3
     shift 3
@@ -227,7 +228,7 @@ hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
     ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$sources" \
         --connections "$n" --seconds "$secs" --ready-file "$WORK/ready" "$@" 2>"$WORK/hold.log" &
     HOLD=$!
-    wait_until 200 0.05 test -f "$WORK/ready" || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
+    wait_until "${HOLD_TRIES:-100}" 0.05 test -f "$WORK/ready" || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }
 }
 
 hold_wait() { # MESSAGE: fails with it if a held connection broke

@@ -22,7 +22,7 @@ start_pinned() { # MODE [LB BINARY]
     ip netns exec "$PREFIX-lb" "$bin" attach eth0 --config "$WORK/pool.yaml" --xdp-mode "$1" --pin --pin-dir "$PINS" \
         --reload-delay 0.05 >>"$WORK/stats.out" 2>>"$WORK/lb.log" &
     LBPID=$!
-    wait_serving "$WORK/lb.log" "${before:-0}" "$LBPID" "lb attach --pin"
+    wait_serving "$WORK/lb.log" "${before:-0}" "$LBPID" "lb attach --pin" 100
 }
 
 test_pin_restart_kill_and_upgrade_lose_no_connection() { # MODE
