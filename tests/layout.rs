@@ -1,12 +1,16 @@
 //! The house's layering, checked from the source text, so that a change that breaks it fails
 //! here rather than in a reviewer's memory (docs/architecture.md draws the same picture):
 //! - the kernel-free core (config, table, plan, diff, report, flowhash, stats, metrics, health)
-//!   never names the data plane, the balancer, the daemon or libbpf;
+//!   never names the data plane, the balancer or libbpf;
 //! - src/dataplane/ talks to the kernel and never drives the core: no table builder, no planner,
-//!   no state rebuild;
-//! - the rooms' imports form no cycle.
+//!   no state rebuild, no balancer;
+//! - imports form no cycle, neither between rooms (the top-level modules) nor between files.
 //!
-//! No root needed.
+//! Paths are read the way the compiler reads them: `use` trees with braces are expanded
+//! (`crate::{a, b::{c, d}}`), `super::` and `self::` are resolved from the file's own module,
+//! and each path is resolved to the deepest module that exists. A file naming its own ancestor
+//! (a submodule using its parent's types) is not an edge: that is how a module is built, the
+//! parent does not import the child, it declares it. No root needed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,20 +18,36 @@ use std::path::{Path, PathBuf};
 /// Modules of the kernel-free core.
 const CORE: [&str; 9] = ["config", "table", "plan", "diff", "report", "flowhash", "stats", "metrics", "health"];
 
+/// A module: its crate ("lb" for the library, "bin" for the binary) and its path in that crate.
+type Module = (String, Vec<String>);
+
+struct File {
+    path: PathBuf,
+    module: Module,
+    /// Code without comments.
+    code: String,
+}
+
+impl File {
+    /// The top-level module a file belongs to (its room), crate-qualified.
+    fn room(&self) -> String {
+        format!("{}::{}", self.module.0, self.module.1.first().map_or("", String::as_str))
+    }
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).expect("read_dir") {
-        let p = e.expect("entry").path();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).expect("read_dir").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    for p in entries {
         if p.is_dir() {
-            if p.file_name().is_some_and(|n| n != "bpf") {
-                rust_files(&p, out);
-            }
+            rust_files(&p, out);
         } else if p.extension().is_some_and(|x| x == "rs") {
             out.push(p);
         }
     }
 }
 
-/// `mod NAME;` / `pub mod NAME;` declared in a crate root.
+/// `mod NAME;` and `pub mod NAME;` declared in a crate root.
 fn declared(root: &str) -> BTreeSet<String> {
     let text = std::fs::read_to_string(root).expect("crate root");
     text.lines()
@@ -39,133 +59,274 @@ fn declared(root: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The room a file is in: its first path component under src/ ("main" and "lib" for the roots).
-fn room_of(file: &Path) -> String {
-    let rel = file.strip_prefix("src").expect("under src");
-    let first = rel.components().next().expect("a component").as_os_str().to_string_lossy().into_owned();
-    first.trim_end_matches(".rs").to_string()
-}
-
 /// Code lines only: without `//` comments (doc comments name other rooms freely).
 fn code(text: &str) -> String {
     text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
 }
 
-/// The rooms `text` names through `prefix::ROOM`.
-fn named(text: &str, prefix: &str, rooms: &BTreeSet<String>) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for (i, _) in text.match_indices(prefix) {
-        let before = text[..i].chars().last();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue;
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Reads a path tree at `s[i..]` (`a::b::{c, d::e}`), appending each full path to `out` after
+/// `prefix`; returns where it ended.
+fn tree(s: &[char], mut i: usize, prefix: &[String], out: &mut Vec<Vec<String>>) -> usize {
+    let mut segs = prefix.to_vec();
+    loop {
+        while i < s.len() && s[i].is_whitespace() {
+            i += 1;
         }
-        let rest = &text[i + prefix.len()..];
-        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-        if rooms.contains(&name) {
-            out.insert(name);
+        if i < s.len() && s[i] == '{' {
+            i += 1;
+            loop {
+                while i < s.len() && (s[i].is_whitespace() || s[i] == ',') {
+                    i += 1;
+                }
+                if i >= s.len() || s[i] == '}' {
+                    return i + 1;
+                }
+                i = tree(s, i, &segs, out);
+                // Skip what follows a path inside the group (`as name`, `*`) up to `,` or `}`.
+                while i < s.len() && s[i] != ',' && s[i] != '}' {
+                    i += 1;
+                }
+            }
         }
+        let start = i;
+        while i < s.len() && is_ident(s[i]) {
+            i += 1;
+        }
+        if i == start {
+            break;
+        }
+        let seg: String = s[start..i].iter().collect();
+        if seg != "self" {
+            segs.push(seg);
+        }
+        if s.get(i) == Some(&':') && s.get(i + 1) == Some(&':') {
+            i += 2;
+        } else {
+            break;
+        }
+    }
+    out.push(segs);
+    i
+}
+
+/// Every path in `code` that starts at `crate::`, `super::`, `self::` or `lb::`, expanded.
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let s: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        let at_word = i == 0 || !(is_ident(s[i - 1]) || s[i - 1] == ':');
+        if at_word {
+            for start in ["crate::", "super::", "self::", "lb::"] {
+                let w: Vec<char> = start.chars().collect();
+                if s[i..].starts_with(&w) {
+                    i = tree(&s, i, &[], &mut out);
+                    break;
+                }
+            }
+        }
+        i += 1;
     }
     out
 }
 
 struct House {
-    /// (file, room, is in the library, code text)
-    files: Vec<(PathBuf, String, bool, String)>,
-    lib: BTreeSet<String>,
-    bin: BTreeSet<String>,
+    files: Vec<File>,
+    modules: BTreeSet<Module>,
 }
 
-fn house() -> House {
-    let lib = declared("src/lib.rs");
-    let bin = declared("src/main.rs");
-    let mut paths = Vec::new();
-    rust_files(Path::new("src"), &mut paths);
-    let files = paths
-        .into_iter()
-        .map(|p| {
-            let room = room_of(&p);
-            let in_lib = room == "lib" || lib.contains(&room);
-            let text = code(&std::fs::read_to_string(&p).expect("read"));
-            (p, room, in_lib, text)
-        })
-        .collect();
-    House { files, lib, bin }
-}
-
-/// Edges room -> room, among the library's rooms and among the binary's (lib rooms seen from the
-/// binary through `lb::`).
-fn edges(h: &House) -> BTreeMap<String, BTreeSet<String>> {
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (_, room, in_lib, text) in &h.files {
-        let mut to = if *in_lib { named(text, "crate::", &h.lib) } else { named(text, "crate::", &h.bin) };
-        if !*in_lib {
-            to.extend(named(text, "lb::", &h.lib).into_iter().map(|r| format!("lb::{r}")));
+impl House {
+    fn read() -> House {
+        let lib = declared("src/lib.rs");
+        let mut list = Vec::new();
+        rust_files(Path::new("src"), &mut list);
+        let mut files = Vec::new();
+        for path in list {
+            let rel = path.strip_prefix("src").expect("under src");
+            let mut segs: Vec<String> = rel.iter().map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+            if segs.last().is_some_and(|s| s == "mod" || s == "lib" || s == "main") {
+                segs.pop();
+            }
+            let krate = if rel == Path::new("lib.rs") || segs.first().is_some_and(|r| lib.contains(r)) { "lb" } else { "bin" };
+            let code = code(&std::fs::read_to_string(&path).expect("read"));
+            files.push(File { path, module: (krate.to_string(), segs), code });
         }
-        let from = if *in_lib { room.clone() } else { format!("bin::{room}") };
-        let to: BTreeSet<String> = to
-            .into_iter()
-            .map(|r| if *in_lib || r.starts_with("lb::") { r.trim_start_matches("lb::").to_string() } else { format!("bin::{r}") })
-            .filter(|r| *r != from)
-            .collect();
-        g.entry(from).or_default().extend(to);
+        let modules = files.iter().map(|f| f.module.clone()).collect();
+        House { files, modules }
     }
-    g
-}
 
-#[test]
-fn the_core_never_names_the_kernel_side() {
-    let h = house();
-    for (file, room, _, text) in &h.files {
-        if !CORE.contains(&room.as_str()) {
-            continue;
+    /// The module a path names, from `file`: the deepest existing module along it.
+    fn resolve(&self, file: &File, path: &[String]) -> Option<Module> {
+        let (mut krate, mut base) = (file.module.0.clone(), file.module.1.clone());
+        let mut rest = path;
+        match rest.first().map(String::as_str) {
+            Some("crate") => {
+                base.clear();
+                rest = &rest[1..];
+            }
+            Some("lb") => {
+                krate = "lb".to_string();
+                base.clear();
+                rest = &rest[1..];
+            }
+            _ => {}
         }
-        for bad in ["crate::dataplane", "crate::balancer", "libbpf", "lb::dataplane", "lb::balancer"] {
-            assert!(!text.contains(bad), "{}: the kernel-free core names `{bad}`", file.display());
+        while rest.first().is_some_and(|s| s == "super") {
+            base.pop();
+            rest = &rest[1..];
         }
+        let mut full = base;
+        full.extend(rest.iter().cloned());
+        (0..=full.len()).rev().map(|n| (krate.clone(), full[..n].to_vec())).find(|m| self.modules.contains(m))
+    }
+
+    /// The modules each file imports, without itself, its ancestors and the crate roots.
+    fn edges(&self, file: &File) -> BTreeSet<Module> {
+        paths(&file.code)
+            .iter()
+            .filter_map(|p| self.resolve(file, p))
+            .filter(|m| !m.1.is_empty())
+            .filter(|m| !(m.0 == file.module.0 && file.module.1.starts_with(&m.1)))
+            .collect()
     }
 }
 
-#[test]
-fn the_data_plane_does_not_drive_the_core() {
-    let h = house();
-    let mut seen = 0;
-    for (file, _, _, text) in h.files.iter().filter(|f| f.1 == "dataplane") {
-        seen += 1;
-        // Core types are data it may encode; the builders, the planner and the state's rebuild
-        // are the balancer's to call.
-        for bad in ["crate::table", "crate::balancer", "plan::plan(", "State::rebuild"] {
-            assert!(!text.contains(bad), "{}: the data plane drives the core (`{bad}`)", file.display());
-        }
-    }
-    assert!(seen > 1, "src/dataplane/ has its files");
+fn name(m: &Module) -> String {
+    format!("{}::{}", m.0, m.1.join("::"))
 }
 
-#[test]
-fn no_room_imports_in_a_circle() {
-    let h = house();
-    let g = edges(&h);
-    // Depth-first search for a back edge; the cycle is named in the failure.
-    fn visit(n: &str, g: &BTreeMap<String, BTreeSet<String>>, state: &mut BTreeMap<String, u8>, stack: &mut Vec<String>) {
+/// The first cycle of a graph, as its nodes in order.
+fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(n: &str, g: &BTreeMap<String, BTreeSet<String>>, state: &mut BTreeMap<String, u8>, stack: &mut Vec<String>) -> Option<Vec<String>> {
         state.insert(n.to_string(), 1);
         stack.push(n.to_string());
         for m in g.get(n).into_iter().flatten() {
             match state.get(m.as_str()).copied().unwrap_or(0) {
-                0 => visit(m, g, state, stack),
+                0 => {
+                    if let Some(c) = visit(m, g, state, stack) {
+                        return Some(c);
+                    }
+                }
                 1 => {
                     let at = stack.iter().position(|s| s == m).unwrap_or(0);
-                    panic!("import cycle: {} -> {m}", stack[at..].join(" -> "));
+                    let mut c = stack[at..].to_vec();
+                    c.push(m.clone());
+                    return Some(c);
                 }
                 _ => {}
             }
         }
         stack.pop();
         state.insert(n.to_string(), 2);
+        None
     }
     let mut state = BTreeMap::new();
     for n in g.keys() {
         if state.get(n.as_str()).copied().unwrap_or(0) == 0 {
-            visit(n, &g, &mut state, &mut Vec::new());
+            if let Some(c) = visit(n, g, &mut state, &mut Vec::new()) {
+                return Some(c);
+            }
         }
     }
-    assert!(g.len() > 10, "the rooms were found: {:?}", g.keys().collect::<Vec<_>>());
+    None
+}
+
+/// Every rule, as the list of what breaks it (empty: the house holds).
+fn violations(h: &House) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut files_graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut rooms_graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &h.files {
+        let edges = h.edges(f);
+        let room = f.room();
+        let top = f.module.1.first().cloned().unwrap_or_default();
+        let is_lib = f.module.0 == "lb";
+        if is_lib && CORE.contains(&top.as_str()) {
+            for m in edges.iter().filter(|m| m.0 == "lb" && ["dataplane", "balancer"].contains(&m.1[0].as_str())) {
+                bad.push(format!("{}: the kernel-free core imports {}", f.path.display(), name(m)));
+            }
+            if f.code.contains("libbpf") {
+                bad.push(format!("{}: the kernel-free core names libbpf", f.path.display()));
+            }
+        }
+        if is_lib && top == "dataplane" {
+            for m in edges.iter().filter(|m| m.0 == "lb" && ["table", "balancer"].contains(&m.1[0].as_str())) {
+                bad.push(format!("{}: the data plane imports {}", f.path.display(), name(m)));
+            }
+            // The planner and the state's rebuild are the balancer's to call, by any name.
+            for call in ["plan", "rebuild"] {
+                let s: Vec<char> = f.code.chars().collect();
+                let w: Vec<char> = call.chars().collect();
+                let calls = (0..s.len()).any(|i| {
+                    s[i..].starts_with(&w)
+                        && (i == 0 || !is_ident(s[i - 1]))
+                        && s[i + w.len()..].iter().find(|c| !c.is_whitespace()) == Some(&'(')
+                });
+                if calls {
+                    bad.push(format!("{}: the data plane calls `{call}(`", f.path.display()));
+                }
+            }
+        }
+        files_graph.entry(name(&f.module)).or_default().extend(edges.iter().map(name));
+        let to_rooms: Vec<String> = edges.iter().map(|m| format!("{}::{}", m.0, m.1[0])).filter(|r| *r != room).collect();
+        rooms_graph.entry(room).or_default().extend(to_rooms);
+    }
+    if let Some(c) = cycle(&rooms_graph) {
+        bad.push(format!("the rooms import in a circle: {}", c.join(" -> ")));
+    }
+    if let Some(c) = cycle(&files_graph) {
+        bad.push(format!("the files import in a circle: {}", c.join(" -> ")));
+    }
+    bad
+}
+
+#[test]
+fn the_house_keeps_its_layers_and_has_no_import_cycle() {
+    let h = House::read();
+    assert!(h.files.len() > 30, "the source files were found");
+    assert!(h.modules.contains(&("lb".to_string(), vec!["dataplane".to_string(), "write".to_string()])));
+    assert!(h.modules.contains(&("bin".to_string(), vec!["daemon".to_string(), "serve".to_string()])));
+    let bad = violations(&h);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn use_trees_are_read_as_the_compiler_reads_them() {
+    let got = paths("use crate::{dataplane, plan::{self, State as S}};\nlet x = super::super::a::B::new(); lb::config::load(p); my_crate::x();");
+    let want: Vec<Vec<&str>> = vec![
+        vec!["crate", "dataplane"],
+        vec!["crate", "plan"],
+        vec!["crate", "plan", "State"],
+        vec!["super", "super", "a", "B", "new"],
+        vec!["lb", "config", "load"],
+    ];
+    let got: Vec<Vec<&str>> = got.iter().map(|p| p.iter().map(String::as_str).collect()).collect();
+    assert_eq!(got, want);
+}
+
+/// Each rule fails when broken: the house with one file changed the way a careless change would.
+#[test]
+fn each_rule_catches_its_breach() {
+    let cases: [(&str, &str, &str); 8] = [
+        ("src/diff.rs", "use crate::{dataplane};", "the kernel-free core imports lb::dataplane"),
+        ("src/diff.rs", "use super::balancer::Balancer;", "the kernel-free core imports lb::balancer"),
+        ("src/stats.rs", "fn f(_: libbpf_rs::MapHandle) {}", "the kernel-free core names libbpf"),
+        ("src/dataplane/write.rs", "use crate::{plan, table};", "the data plane imports lb::table"),
+        ("src/dataplane/write.rs", "fn f(l: &L) { S::rebuild(l); }", "the data plane calls `rebuild(`"),
+        ("src/config/mod.rs", "use crate::table::bounded;", "the rooms import in a circle"),
+        ("src/settings.rs", "use crate::{daemon};", "the rooms import in a circle"),
+        ("src/daemon/health.rs", "use super::reload::Reloader;", "the files import in a circle"),
+    ];
+    for (file, line, expected) in cases {
+        let mut h = House::read();
+        let f = h.files.iter_mut().find(|f| f.path == Path::new(file)).expect("the file exists");
+        f.code.push('\n');
+        f.code.push_str(line);
+        let bad = violations(&h);
+        assert!(bad.iter().any(|b| b.contains(expected)), "`{line}` in {file}: expected `{expected}`, got {bad:?}");
+    }
 }
