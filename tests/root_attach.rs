@@ -241,3 +241,20 @@ fn root_attach_follows_neighbour_changes_and_prints_stats() {
     lb.signal(Signal::SIGTERM);
     assert_eq!(lb.wait_exit(SECS).code(), Some(0));
 }
+
+#[test]
+fn root_attach_warns_of_a_vip_no_interface_holds_only_without_announce() {
+    let p = pair();
+    p.lb.ip(&["link", "add", "vips0", "type", "ifb"]);
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "far.yaml", "services:\n  - name: far\n    vip: 10.77.0.200\n    port: 80\n    backends: [10.77.0.11]\n");
+    let warning = "warning: vip 10.77.0.200 (service far) is not an address of lbv0";
+    for announce in [false, true] {
+        let extra: &[&str] = if announce { &["--xdp-mode", "generic", "--announce", "vips0"] } else { &["--xdp-mode", "generic"] };
+        let (mut lb, _) = start(&p, &cfg, extra);
+        lb.signal(Signal::SIGTERM);
+        assert_eq!(lb.wait_exit(SECS).code(), Some(0));
+        let warned = lb.seen.iter().any(|l| l.contains(warning));
+        assert_eq!(warned, !announce, "--announce {announce}: {:?}", lb.seen);
+    }
+}

@@ -58,7 +58,9 @@ pub(super) fn next_hops(
                 &vip_field,
                 format!("{} is an address of {owner}, so its traffic arrives on {owner}, not on {}", s.vip, ifc.name),
             )),
-            None if !problems.is_empty() || known_vips.contains(&s.vip) => {}
+            // With --announce every VIP goes on DEV and routers send its traffic here by BGP:
+            // that a VIP is not (yet) an address of anything is the intended setup.
+            None if !problems.is_empty() || known_vips.contains(&s.vip) || announce.is_some() => {}
             None => log(format!(
                 "warning: vip {} (service {}) is not an address of {}: its traffic reaches lb only if a router sends it here \
                  (`ip addr add {} dev {}` makes this host answer ARP/ND for it)",
