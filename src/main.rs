@@ -68,9 +68,9 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
     },
-    /// Strip lb's IPIP and GUE encapsulation, on IFACE, from packets that an allowed source
-    /// sent to this host for this host: the backend side of `forward: ipip | gue`, for hosts
-    /// without the kernel's tunnel drivers.
+    /// On IFACE, strip lb's IPIP and GUE encapsulation from packets an allowed source sends to
+    /// this host, when the packet inside is for this host too: the backend side of
+    /// `forward: ipip | gue`, for hosts without the kernel's tunnel drivers.
     Decap(decap::DecapArgs),
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {

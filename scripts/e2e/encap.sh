@@ -77,9 +77,10 @@ test_encap_tcp_udp_ipv4_ipv6_through_a_router() { # MODE FORWARD
 
 test_encap_reload_moves_l2_to_ipip_under_traffic() { # MODE
     # Backends on the link (the bridge topology), running lb decap: l2 and ipip both reach them.
+    # lb encapsulates from its eth0 address, the only source the backends unwrap from.
     setup "$1"
     local i d
-    decap_up "$1"
+    decap_up "$1" 10.99.0.2/32 fd99::2/128
     sed -i 's/    conntrack: off/    conntrack: on/' "$WORK/pool.yaml"
     start_lb "$1"
     hold_open "$TOPO_CLIENTS4" 100 4
