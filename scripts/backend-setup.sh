@@ -2,15 +2,21 @@
 # Prepares a backend for lb's encapsulated forwarding (`forward: ipip` or `gue`), as root, on the
 # backend itself. Two ways to take the outer headers off:
 #
-#   scripts/backend-setup.sh --vip ADDR [--vip ADDR...] --iface IFACE lb [--gue-port PORT] [--xdp-mode MODE]
+#   scripts/backend-setup.sh --vip ADDR [--vip ADDR...] --iface IFACE lb --allow-from PREFIX
+#           [--allow-from PREFIX...] [--gue-port PORT] [--xdp-mode MODE]
 #       Tested here. Holds the VIPs, sets the sysctls below, then runs `lb decap IFACE` in the
 #       foreground (run it under your supervisor; Ctrl-C or SIGTERM detaches). For kernels
 #       without the ipip, ip6_tunnel, sit or fou drivers, like this project's test machines.
+#       --allow-from (repeatable) names the load balancers' encapsulation sources (their
+#       --encap-source, or their interface's address): packets from anywhere else are not
+#       unwrapped. --allow-any instead unwraps from any source (isolated test setups only).
 #
 #   scripts/backend-setup.sh --vip ADDR [--vip ADDR...] --iface IFACE linux [--gue-port PORT]
 #       Documented, not run here (this project's test kernel has none of these drivers). Holds
 #       the VIPs, sets the sysctls, loads the drivers and brings up the kernel's catch-all
 #       tunnel devices, and for GUE asks fou to hand UDP port PORT to them. Then exits.
+#       These devices unwrap from any source: restrict IPIP (protocols 4 and 41) and UDP PORT to
+#       the load balancers' sources in the firewall (netfilter sees the outer packet here).
 #
 # What either way sets, and why:
 #   - every VIP on the loopback (/32 or /128): the inner packet is addressed to the VIP, and the
@@ -24,11 +30,12 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
 vips=()
+allow=()
 iface=
 way=
 gue_port=6080
@@ -37,6 +44,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --vip) vips+=("$2"); shift 2 ;;
         --iface) iface=$2; shift 2 ;;
+        --allow-from) allow+=(--allow-from "$2"); shift 2 ;;
+        --allow-any) allow+=(--allow-any); shift ;;
         --gue-port) gue_port=$2; shift 2 ;;
         --xdp-mode) mode=$2; shift 2 ;;
         lb | linux) way=$1; shift ;;
@@ -45,6 +54,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$iface" ] && [ -n "$way" ] && [ ${#vips[@]} -gt 0 ] || usage
+# Checked here too, before the host is changed, though lb decap would refuse as well.
+if [ "$way" = lb ] && [ ${#allow[@]} -eq 0 ]; then
+    echo "backend-setup: the lb way needs --allow-from PREFIX (the load balancers' encapsulation sources) or --allow-any" >&2
+    exit 2
+fi
 [ "$(id -u)" -eq 0 ] || { echo "backend-setup: run as root" >&2; exit 1; }
 ip link show dev "$iface" >/dev/null || { echo "backend-setup: no interface $iface" >&2; exit 1; }
 
@@ -63,7 +77,8 @@ case "$way" in
     lb)
         lb=${LB:-$(command -v lb || echo "$(dirname "$0")/../target/release/lb")}
         [ -x "$lb" ] || { echo "backend-setup: lb not found (build it, or set LB=/path/to/lb)" >&2; exit 1; }
-        exec "$lb" decap "$iface" --gue-port "$gue_port" --xdp-mode "$mode"
+        # lb decap itself refuses to start without --allow-from or --allow-any, and says so.
+        exec "$lb" decap "$iface" "${allow[@]}" --gue-port "$gue_port" --xdp-mode "$mode"
         ;;
     linux)
         modprobe ipip && modprobe ip6_tunnel && modprobe sit && modprobe fou && modprobe fou6 || {

@@ -34,7 +34,8 @@ e2e=target/release/examples/e2e
 
 if [ "${1:-}" = --encap ]; then
     echo "== topology: client, router, lb, and backends b1 b2 b3 each in a subnet of its own behind the router"
-    echo "   (namespaces $P-*; every backend runs \`lb decap eth0\` and holds the VIPs on its loopback)"
+    echo "   (namespaces $P-*; every backend runs \`lb decap eth0 --allow-from 10.99.0.2/32 --allow-from fd99::2/128\`,"
+    echo "   unwrapping only what lb sends, and holds the VIPs on its loopback)"
     topo_routed_up "$P" 3 native
     cp configs/pool-encap.yaml "$WORK/pool.yaml"
     echo

@@ -1,10 +1,12 @@
 //! `lb decap IFACE`: the backend side of encapsulated forwarding, for hosts whose kernel has no
 //! ipip, ip6tnl or fou driver. Attaches the decapsulation program through a BPF link (so any
-//! death of the process detaches it), keeps its set of this host's addresses current (re-read
-//! every second: an address added to the host is decapsulated for within a second), and prints
-//! its counters on request and at exit.
+//! death of the process detaches it), unwrapping only packets from the sources it was told to
+//! trust (`--allow-from`, or explicitly `--allow-any`), keeps its set of this host's addresses
+//! current (re-read every second: an address added to the host is decapsulated for within a
+//! second), and prints its counters on request and at exit.
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -14,7 +16,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use lb::dataplane::decap::{host_addresses, Decap, DecapCounters};
+use lb::dataplane::decap::{host_addresses, Decap, DecapCounters, ANY_SOURCE};
 use lb::dataplane::link;
 
 use crate::log::log;
@@ -23,13 +25,94 @@ use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_pr
 /// How often this host's addresses are re-read.
 const ADDRESS_REFRESH: Duration = Duration::from_secs(1);
 
-fn counters_text(c: &DecapCounters) -> String {
-    format!("decapsulated {}, passed {}, malformed {}", c.decapsulated, c.passed, c.malformed)
+/// `lb decap`'s flags.
+#[derive(clap::Args)]
+pub struct DecapArgs {
+    /// The interface encapsulated packets arrive on.
+    #[arg(value_name = "IFACE")]
+    iface: String,
+    /// Unwrap only packets whose outer source lies in PREFIX (10.0.0.0/24, fd00::1/128; an
+    /// address alone is a /32 or /128): the load balancers' encapsulation sources. Repeatable.
+    /// One of --allow-from and --allow-any is required.
+    #[arg(long, value_name = "PREFIX", value_parser = source_prefix)]
+    allow_from: Vec<(IpAddr, u8)>,
+    /// Unwrap packets from any outer source. Anyone who reaches this host can then hand it a
+    /// packet with any source address; for isolated test setups.
+    #[arg(long, conflicts_with = "allow_from")]
+    allow_any: bool,
+    /// The UDP port GUE packets are sent to (the services' `gue_port`).
+    #[arg(long, value_name = "PORT", default_value_t = lb::config::DEFAULT_GUE_PORT,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    gue_port: u16,
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    xdp_mode: ModeArg,
+    /// Print the counters every SECS seconds.
+    #[arg(long, value_name = "SECS", value_parser = crate::settings::seconds)]
+    stats_interval: Option<Duration>,
 }
 
-pub fn run(iface: &str, gue_port: u16, mode: ModeArg, stats_interval: Option<Duration>) -> Result<ExitCode> {
+/// `10.0.0.0/24`, `fd00::1/128`, `10.0.0.7`: a prefix of outer sources, as (network address,
+/// length). Host bits set below the length are refused rather than cleared: `10.0.0.7/8` is
+/// more likely a typo for a /32 than a wish to trust a /8.
+fn source_prefix(s: &str) -> Result<(IpAddr, u8), String> {
+    let (a, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let addr: IpAddr = a.trim().parse().map_err(|_| format!("`{a}` is not an IPv4 or IPv6 address"))?;
+    let full: u8 = if addr.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        None => full,
+        Some(l) => match l.trim().parse::<u8>() {
+            Ok(n) if n <= full => n,
+            _ => return Err(format!("`/{l}`: expected a prefix length from 0 to {full}")),
+        },
+    };
+    let network = match addr {
+        // A shift by the whole width (length 0) leaves no bits: checked_shl says None.
+        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & u32::MAX.checked_shl(32 - len as u32).unwrap_or(0)).into()),
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & u128::MAX.checked_shl(128 - len as u32).unwrap_or(0)).into()),
+    };
+    if network != addr {
+        return Err(format!("{s} has bits set after the first {len}: did you mean {network}/{len} or {addr}/{full}?"));
+    }
+    Ok((addr, len))
+}
+
+fn counters_text(c: &DecapCounters) -> String {
+    format!(
+        "decapsulated {}, passed {}, malformed {}, not_allowed {}, not_local {}",
+        c.decapsulated, c.passed, c.malformed, c.not_allowed, c.not_local
+    )
+}
+
+/// The allow-list `a` asks for, or the error that names the flags when it asks for none.
+fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
+    if a.allow_any {
+        return Ok(ANY_SOURCE.to_vec());
+    }
+    if a.allow_from.is_empty() {
+        bail!(
+            "lb decap needs to know whom to trust: give --allow-from PREFIX (repeatable) with the load balancers' \
+             encapsulation sources (their --encap-source, or their interface's address), or --allow-any to unwrap \
+             packets from any source"
+        );
+    }
+    Ok(a.allow_from.clone())
+}
+
+pub fn run(a: DecapArgs) -> Result<ExitCode> {
+    // The flags first: a bad command line attaches nothing and touches no kernel object.
+    let allow = allowed(&a)?;
+    let any = a.allow_any;
+    let from = if any {
+        "any source".to_string()
+    } else {
+        allow.iter().map(|(addr, len)| format!("{addr}/{len}")).collect::<Vec<_>>().join(", ")
+    };
+    let DecapArgs { iface, gue_port, xdp_mode: mode, stats_interval, .. } = a;
     check_privileges()?;
-    let ifc = link::interface(iface)?;
+    let ifc = link::interface(&iface)?;
     if let Some(a) = link::attached(ifc.ifindex).with_context(|| format!("querying {}'s XDP program", ifc.name))? {
         return Err(already_attached(&ifc, Some(a)));
     }
@@ -40,14 +123,18 @@ pub fn run(iface: &str, gue_port: u16, mode: ModeArg, stats_interval: Option<Dur
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("creating a signalfd")?;
 
     let mut dp = Decap::load(gue_port)?;
+    dp.allow_from(&allow)?;
     let addrs = host_addresses()?;
     if addrs.is_empty() {
         bail!("this host has no addresses: nothing would ever be decapsulated");
     }
     dp.set_local(&addrs)?;
     let xdp = attach_with_mode(dp.program_fd(), &ifc, mode)?;
+    if any {
+        log("warning: --allow-any: packets from any source are unwrapped; anyone who reaches this host can send it packets with any source address");
+    }
     log(format!(
-        "decapsulating IPIP and GUE (port {gue_port}) for this host's {} addresses on {} in {} mode: XDP program id {}, link id {}",
+        "decapsulating IPIP and GUE (port {gue_port}) from {from} for this host's {} addresses on {} in {} mode: XDP program id {}, link id {}",
         addrs.len(),
         ifc.name,
         xdp.mode.as_str(),
@@ -91,4 +178,60 @@ pub fn run(iface: &str, gue_port: u16, mode: ModeArg, stats_interval: Option<Dur
     drop(xdp);
     log(format!("{stop}: detached from {}; {}", ifc.name, counters_text(&dp.counters()?)));
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DecapArgs,
+    }
+
+    fn args(extra: &[&str]) -> Result<DecapArgs, clap::Error> {
+        let mut argv = vec!["lb", "eth9"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|c| c.args)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("address")
+    }
+
+    #[test]
+    fn prefixes_are_networks_of_either_family() {
+        assert_eq!(source_prefix("10.0.0.0/24"), Ok((ip("10.0.0.0"), 24)));
+        assert_eq!(source_prefix("fd00::1/128"), Ok((ip("fd00::1"), 128)));
+        assert_eq!(source_prefix("10.99.0.2"), Ok((ip("10.99.0.2"), 32)), "an address alone is a /32");
+        assert_eq!(source_prefix("fd99::2"), Ok((ip("fd99::2"), 128)));
+        assert_eq!(source_prefix("0.0.0.0/0"), Ok((ip("0.0.0.0"), 0)));
+        assert_eq!(source_prefix("::/0"), Ok((ip("::"), 0)));
+        assert_eq!(source_prefix("fd00:1::/33"), Ok((ip("fd00:1::"), 33)));
+        assert_eq!(
+            source_prefix("10.0.0.7/8"),
+            Err("10.0.0.7/8 has bits set after the first 8: did you mean 10.0.0.0/8 or 10.0.0.7/32?".to_string())
+        );
+        assert!(source_prefix("fd00::1/64").is_err());
+        assert!(source_prefix("10.0.0.0/33").is_err());
+        assert!(source_prefix("fd00::/129").is_err());
+        assert!(source_prefix("10.0.0/24").is_err());
+        assert!(source_prefix("eth0").is_err());
+    }
+
+    #[test]
+    fn one_of_allow_from_and_allow_any_is_required_and_not_both() {
+        let a = args(&["--allow-from", "10.99.0.2", "--allow-from", "fd99::/64"]).expect("valid");
+        assert_eq!(allowed(&a).expect("a list"), vec![(ip("10.99.0.2"), 32), (ip("fd99::"), 64)]);
+        let a = args(&["--allow-any"]).expect("valid");
+        assert_eq!(allowed(&a).expect("any"), ANY_SOURCE.to_vec());
+        let a = args(&[]).expect("clap accepts it; run refuses it");
+        let e = allowed(&a).expect_err("neither flag");
+        assert!(e.to_string().contains("--allow-from PREFIX") && e.to_string().contains("--allow-any"), "{e}");
+        let e = args(&["--allow-any", "--allow-from", "10.0.0.0/8"]).err().expect("both");
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert!(args(&["--allow-from", "10.0.0.1/8"]).is_err(), "host bits are refused when parsing");
+    }
 }

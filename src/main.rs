@@ -68,22 +68,10 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
     },
-    /// Strip lb's IPIP and GUE encapsulation from packets addressed to this host, on IFACE: the
-    /// backend side of `forward: ipip | gue`, for hosts without the kernel's tunnel drivers.
-    Decap {
-        /// The interface encapsulated packets arrive on.
-        #[arg(value_name = "IFACE")]
-        iface: String,
-        /// The UDP port GUE packets are sent to (the services' `gue_port`).
-        #[arg(long, value_name = "PORT", default_value_t = lb::config::DEFAULT_GUE_PORT,
-              value_parser = clap::value_parser!(u16).range(1..))]
-        gue_port: u16,
-        #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
-        xdp_mode: xdp::ModeArg,
-        /// Print the counters every SECS seconds.
-        #[arg(long, value_name = "SECS", value_parser = settings::seconds)]
-        stats_interval: Option<std::time::Duration>,
-    },
+    /// On IFACE, strip lb's IPIP and GUE encapsulation from packets an allowed source sends to
+    /// this host, when the packet inside is for this host too: the backend side of
+    /// `forward: ipip | gue`, for hosts without the kernel's tunnel drivers.
+    Decap(decap::DecapArgs),
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
         #[arg(value_name = "OLD")]
@@ -136,9 +124,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             drop(out);
             return pinned::status(&iface, &pin_dir, json);
         }
-        Command::Decap { iface, gue_port, xdp_mode, stats_interval } => {
+        Command::Decap(args) => {
             drop(out);
-            return decap::run(&iface, gue_port, xdp_mode, stats_interval);
+            return decap::run(args);
         }
         Command::Check { config } => {
             let pool = load(&config)?;

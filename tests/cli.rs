@@ -1,4 +1,4 @@
-//! The `lb check`, `lb table` and `lb diff` commands, run as a user runs them. No root needed.
+//! The `lb check`, `lb table` and `lb diff` commands, and `lb decap`'s flag checks, run as a user runs them. No root needed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -204,4 +204,21 @@ fn bounded_services_check_table_and_diff_like_the_others() {
     let removed_slots = v["services"][0]["backends"][1]["slots"].as_u64().expect("slots");
     assert!(moved >= removed_slots && moved <= 2 * removed_slots, "moved {moved} for {removed_slots}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn decap_refuses_to_start_without_being_told_whom_to_trust() {
+    // Checked before privileges and the interface: no root needed, nothing touched.
+    let o = lb(&["decap", "eth0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.starts_with("lb: error: lb decap needs to know whom to trust: give --allow-from PREFIX"), "{err}");
+    assert!(err.contains("--allow-any"), "{err}");
+    // Both at once, or a prefix with host bits, is a usage error.
+    let o = lb(&["decap", "eth0", "--allow-any", "--allow-from", "10.0.0.0/8"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+    let o = lb(&["decap", "eth0", "--allow-from", "10.0.0.1/8"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("did you mean 10.0.0.0/8 or 10.0.0.1/32?"), "{}", stderr(&o));
 }

@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use common::packet::*;
 use lb::config::{parse_str, Pool};
-use lb::dataplane::decap::Decap;
+use lb::dataplane::decap::{Decap, ANY_SOURCE};
 use lb::balancer::Balancer;
 use lb::dataplane::types;
 use lb::flowhash::flow_hash;
@@ -473,13 +473,28 @@ fn decapsulated(outer: &[u8], l2len: usize, inner: &[u8]) -> Vec<u8> {
     f
 }
 
+/// The prefixes lb's outer sources come from in these fixtures (setup_pool): what a backend
+/// passes to `lb decap --allow-from`.
+fn lb_sources() -> [(IpAddr, u8); 2] {
+    [(ip("10.99.0.0"), 24), (ip(SRC6), 128)]
+}
+
+/// `lb decap` as a backend of POOL runs it: every backend address of the pool is this host's
+/// (one program stands for them all), and so are the VIPs and the loopback's own addresses,
+/// on lo as scripts/backend-setup.sh puts them; packets are allowed from `allow`.
+fn decap(allow: &[(IpAddr, u8)]) -> Decap {
+    let mut de = Decap::load(6081).expect("load decap");
+    de.allow_from(allow).expect("allow");
+    let backends = ["10.1.0.11", "10.1.0.12", "10.1.0.13", "10.1.0.21", "10.1.0.22", "10.1.0.23", "fd01::11", "fd01::12", "10.1.0.31"];
+    let lo = ["127.0.0.1", "::1", "10.99.0.100", "10.99.0.101", "10.99.0.102", "fd00::100", "fd00::101"];
+    de.set_local(&backends.iter().chain(&lo).map(|a| ip(a)).collect::<Vec<_>>()).expect("local");
+    de
+}
+
 #[test]
 fn root_decap_strips_what_lb_adds_and_passes_everything_else() {
     let (dp, _pool) = setup();
-    let mut de = Decap::load(6081).expect("load decap");
-    de.set_local(&["10.1.0.11", "10.1.0.12", "10.1.0.13", "10.1.0.21", "10.1.0.22", "10.1.0.23", "fd01::11", "fd01::12", "10.1.0.31"]
-        .map(ip))
-        .expect("local");
+    let de = decap(&lb_sources());
     let c4 = v4("192.0.2.7");
     let c6 = v6("2001:db8::7");
     let inputs = [
@@ -550,4 +565,130 @@ fn root_decap_strips_what_lb_adds_and_passes_everything_else() {
     malformed(&bad, "bad outer checksum");
     malformed(&raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 4, &inner[14..24]), "inner header cut short");
     malformed(&raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 41, &inner[14..]), "protocol 41 with an IPv4 packet inside");
+}
+
+fn raw_ipv6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&IFMAC);
+    f.extend_from_slice(&CLIENT_MAC);
+    f.extend_from_slice(&0x86DDu16.to_be_bytes());
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[next, 64]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(body);
+    f
+}
+
+/// A UDP datagram to `port` carrying `inner` as GUE version 1 ("direct IP"), checksum zero.
+fn gue1(port: u16, inner: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&0xc123u16.to_be_bytes());
+    b.extend_from_slice(&port.to_be_bytes());
+    b.extend_from_slice(&((8 + inner.len()) as u16).to_be_bytes());
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(inner);
+    b
+}
+
+/// Runs `f` through `de`: it must come out as `expect` (PASS with that frame) or be dropped
+/// (`expect` None), moving exactly the counter `which` names by one.
+fn assert_decap(de: &Decap, what: &str, f: &[u8], expect: Option<Vec<u8>>, which: &str) {
+    let before = de.counters().expect("counters");
+    let (a, out) = de.test_run(f).expect("decap");
+    match expect {
+        Some(e) => assert_eq!((a, out), (XDP_PASS, e), "{what}: unwrapped"),
+        None => assert_eq!(a, XDP_DROP, "{what}: dropped, came out as {a} {out:02x?}"),
+    }
+    let after = de.counters().expect("counters");
+    let moved = [
+        ("decapsulated", after.decapsulated - before.decapsulated),
+        ("passed", after.passed - before.passed),
+        ("malformed", after.malformed - before.malformed),
+        ("not_allowed", after.not_allowed - before.not_allowed),
+        ("not_local", after.not_local - before.not_local),
+    ];
+    for (name, n) in moved {
+        assert_eq!(n, u64::from(name == which), "{what}: counter {name} moved by {n} (expected {which} to move by 1)");
+    }
+}
+
+#[test]
+fn root_decap_unwraps_only_from_allowed_sources_and_only_for_this_host() {
+    let (dp, _pool) = setup();
+    let de = decap(&lb_sources());
+    let c4 = v4("192.0.2.7");
+    let c6 = v6("2001:db8::7");
+
+    // From lb (sources inside the allow-list), IPIP and GUE, both families: unwrapped.
+    for (client, what) in [
+        (ipv4(None, c4, v4("10.99.0.100"), L4::syn(40400, 80), &df(), b"ipip"), "IPIP from lb"),
+        (ipv4(None, c4, v4("10.99.0.100"), L4::syn(40401, 443), &df(), b"gue"), "GUE from lb"),
+        (ipv6(c6, v6("fd00::100"), L4::syn(40402, 80), None, b"six"), "IPv6 in IPv6 from lb"),
+        (ipv6(c6, v6("fd00::101"), L4::syn(40403, 80), None, b"6in4"), "IPv6 in IPv4 from lb"),
+    ] {
+        let (a, outer) = dp.test_run(&client).expect("lb");
+        assert_eq!(a, XDP_TX, "{what}: lb encapsulates");
+        assert_decap(&de, what, &outer, Some(decapsulated(&outer, 14, &client[14..])), "decapsulated");
+    }
+
+    // The same inner packets from sources outside it: dropped, counted not_allowed. The inner
+    // source is anything the sender likes; that is the attack.
+    let spoofed = ipv4(None, v4("10.0.0.1"), v4("10.99.0.100"), L4::syn(40410, 22), &df(), b"inside");
+    let spoofed6 = ipv6(v6("fd00:aa::1"), v6("fd00::100"), L4::syn(40411, 22), None, b"inside");
+    let refused = [
+        (raw_ipv4(v4("192.0.2.66"), v4("10.1.0.11"), 4, &spoofed[14..]), "IPIP from outside"),
+        (raw_ipv4(v4("10.99.1.2"), v4("10.1.0.11"), 4, &spoofed[14..]), "IPIP from next to the allowed /24"),
+        (raw_ipv4(v4("192.0.2.66"), v4("10.1.0.11"), 17, &gue1(6081, &spoofed[14..])), "GUE from outside"),
+        (raw_ipv4(v4("192.0.2.66"), v4("10.1.0.11"), 41, &spoofed6[14..]), "IPv6 in IPv4 from outside"),
+        (raw_ipv6(v6("fd00::3"), v6("fd01::11"), 41, &spoofed6[14..]), "IPv6 in IPv6 from next to the allowed /128"),
+        (raw_ipv6(v6("2001:db8::66"), v6("fd01::11"), 17, &gue1(6081, &spoofed[14..])), "GUE over IPv6 from outside"),
+    ];
+    for (f, what) in &refused {
+        assert_decap(&de, what, f, None, "not_allowed");
+    }
+    // Ordinary traffic from those sources is none of decap's business: passed unchanged.
+    let plain = ipv4_simple(v4("192.0.2.66"), v4("10.1.0.11"), L4::syn(40412, 80));
+    assert_decap(&de, "plain TCP from outside the list", &plain, Some(plain.clone()), "passed");
+
+    // From an allowed source, an inner packet for an address this host does not have: dropped,
+    // counted not_local (a forwarding host would otherwise route it on).
+    let elsewhere = ipv4(None, v4("10.0.0.1"), v4("198.51.100.9"), L4::syn(40420, 22), &df(), b"onward");
+    let elsewhere6 = ipv6(v6("fd00:aa::1"), v6("fd77::9"), L4::syn(40421, 22), None, b"onward");
+    let not_local = [
+        (raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 4, &elsewhere[14..]), "IPIP, inner for another host"),
+        (raw_ipv4(v4("10.99.0.77"), v4("10.1.0.11"), 17, &gue1(6081, &elsewhere[14..])), "GUE, inner for another host"),
+        (raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 41, &elsewhere6[14..]), "IPv6 in IPv4, inner for another host"),
+        (raw_ipv6(v6(SRC6), v6("fd01::11"), 41, &elsewhere6[14..]), "IPv6 in IPv6, inner for another host"),
+        (raw_ipv6(v6(SRC6), v6("fd01::11"), 17, &gue1(6081, &elsewhere[14..])), "GUE over IPv6, inner for another host"),
+    ];
+    for (f, what) in &not_local {
+        assert_decap(&de, what, f, None, "not_local");
+    }
+    // ... and for one it has, the VIP on its loopback: unwrapped.
+    let f = raw_ipv4(v4("10.99.0.77"), v4("10.1.0.11"), 17, &gue1(6081, &spoofed[14..]));
+    assert_decap(&de, "GUE from an allowed source, inner for the VIP", &f, Some(decapsulated(&f, 14, &spoofed[14..])), "decapsulated");
+    let f = raw_ipv6(v6(SRC6), v6("fd01::11"), 41, &spoofed6[14..]);
+    assert_decap(&de, "IPv6 from an allowed source, inner for the VIP", &f, Some(decapsulated(&f, 14, &spoofed6[14..])), "decapsulated");
+
+    // An IPv4 prefix never admits an IPv6 source: the family is part of every prefix.
+    let v4_only = decap(&[(ip("0.0.0.0"), 0)]);
+    assert_decap(&v4_only, "IPv4 /0 and an IPv4 outer source", &refused[0].0, Some(decapsulated(&refused[0].0, 14, &spoofed[14..])), "decapsulated");
+    assert_decap(&v4_only, "IPv4 /0 and an IPv6 outer source", &refused[4].0, None, "not_allowed");
+
+    // An empty list (a program loaded but never told whom to trust) unwraps nothing.
+    let none = decap(&[]);
+    let (_, outer) = dp.test_run(&ipv4(None, c4, v4("10.99.0.100"), L4::syn(40430, 80), &df(), b"")).expect("lb");
+    assert_decap(&none, "no allow-list at all", &outer, None, "not_allowed");
+
+    // --allow-any: every source, both families; the inner destination is still checked.
+    let any = decap(&ANY_SOURCE);
+    let inners = [&spoofed[14..], &spoofed[14..], &spoofed[14..], &spoofed6[14..], &spoofed6[14..], &spoofed[14..]];
+    for ((f, what), inner) in refused.iter().zip(inners) {
+        assert_decap(&any, &format!("--allow-any: {what}"), f, Some(decapsulated(f, 14, inner)), "decapsulated");
+    }
+    for (f, what) in &not_local {
+        assert_decap(&any, &format!("--allow-any: {what}"), f, None, "not_local");
+    }
 }

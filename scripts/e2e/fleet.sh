@@ -73,8 +73,9 @@ test_fleet_two_nodes_behind_ecmp_lose_no_connection() { # MODE [FORWARD]
     topo_fleet_up "$PREFIX" "$1" || fail "fleet topology"
     pins_up
     if [ "$FLEET_FORWARD" != l2 ]; then
-        # Encapsulated to the backends, which take the outer header off with lb decap.
-        decap_up "$1"
+        # Encapsulated to the backends, which take the outer header off with lb decap, from
+        # either node's address (each node's outer source) and no other.
+        decap_up "$1" 10.96.0.2/32 10.96.0.3/32
     fi
     fleet_pool "$WORK/pool-na.yaml" "1 2 3"
     fleet_pool "$WORK/pool-nb.yaml" "1 2 3"

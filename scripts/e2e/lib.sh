@@ -267,12 +267,14 @@ churn_stop() { # sets CHURN_SUMMARY to "N new connections, F failed"; fails if a
     [ "$failed" -eq 0 ] || { head -5 "$WORK/churn.failed" >&2; return 1; }
 }
 
-# Starts `lb decap eth0` on backends 1 to 3 (stopped with the topology) and waits until each
-# serves.
-decap_up() { # MODE
-    local i
+# Starts `lb decap eth0` on backends 1 to 3 (stopped with the topology), unwrapping only what
+# comes from SOURCEs (the load balancers' encapsulation sources), and waits until each serves.
+decap_up() { # MODE SOURCE...
+    local i mode=$1 allow=() s
+    shift
+    for s in "$@"; do allow+=(--allow-from "$s"); done
     for i in 1 2 3; do
-        ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --xdp-mode "$1" >/dev/null 2>"$WORK/decap$i.log" &
+        ip netns exec "$PREFIX-b$i" "$LB" decap eth0 "${allow[@]}" --xdp-mode "$mode" >/dev/null 2>"$WORK/decap$i.log" &
         echo $! >>"/tmp/$PREFIX.pids"
     done
     for i in 1 2 3; do

@@ -134,14 +134,17 @@ topo_down() {
 #   $P-bI      eth0 10.97.I.2 / fd97:I::2, VIPs on lo -------- bI 10.97.I.1 / fd97:I::1
 #
 # The router sends the VIPs to the load balancer (static routes; the fleet tests announce them
-# by BGP instead); the load balancer reaches backends through the router, encapsulated; each
-# backend runs `lb decap eth0` and answers clients directly through the router.
+# by BGP instead); the load balancer reaches backends through the router, encapsulated, from its
+# eth0 addresses (lb's default outer source); each backend runs `lb decap eth0`, unwrapping only
+# what comes from those (TOPO_RLB_SOURCES), and answers clients directly through the router.
 #   topo_routed_up PREFIX N MODE   MODE as for topo_up (native: XDP_PASS on the router's l0,
 #                                   client TX checksum offload off)
 #   topo_down PREFIX               as for topo_up
 TOPO_LB=${TOPO_LB:-target/release/lb}
 TOPO_RCLIENTS4=10.98.0.2,10.98.0.51,10.98.0.52,10.98.0.53,10.98.0.54
 TOPO_RCLIENTS6=fd98::2,fd98::51,fd98::52,fd98::53,fd98::54
+# The load balancer's encapsulation sources in the routed topology: the backends' allow-list.
+TOPO_RLB_SOURCES="10.99.0.2/32 fd99::2/128"
 
 # topo_wire NS_A DEV_A NS_B DEV_B: a veth pair between two namespaces, both ends up.
 topo_wire() {
@@ -162,9 +165,12 @@ topo_routed_backend() { # PREFIX I MODE
     ip -n "$ns" route add default via "10.97.$i.1"
     ip -n "$ns" -6 route add default via "fd97:$i::1"
     # The backend as scripts/backend-setup.sh prepares one: VIPs on lo, ARP and reverse-path
-    # settings, then `lb decap eth0` in the foreground (here in the background).
+    # settings, then `lb decap eth0` in the foreground (here in the background), trusting only
+    # the load balancer's encapsulation sources.
+    local allow=() s
+    for s in $TOPO_RLB_SOURCES; do allow+=(--allow-from "$s"); done
     LB="$TOPO_LB" ip netns exec "$ns" scripts/backend-setup.sh --vip "$TOPO_VIP4" --vip "$TOPO_VIP6" --iface eth0 lb \
-        --xdp-mode "$mode" >/dev/null 2>"/tmp/$p-b$i.decap.log" &
+        "${allow[@]}" --xdp-mode "$mode" >/dev/null 2>"/tmp/$p-b$i.decap.log" &
     disown $!
     echo $! >>"/tmp/$p.pids"
     # The server binds UDP to the VIPs: wait until the script has added them.

@@ -5,7 +5,14 @@
  * addresses loses its outer headers here and goes on to the kernel's stack as the inner packet,
  * unchanged. Everything else passes untouched. An encapsulated packet for this host that is cut
  * short or inconsistent (bad outer checksum or lengths, inner header missing) is dropped and
- * counted: decapsulating it would hand the stack something the outer checks did not vouch for. */
+ * counted: decapsulating it would hand the stack something the outer checks did not vouch for.
+ *
+ * Unwrapping happens before netfilter sees the packet, so no firewall rule can stand between a
+ * tunnel and the stack: this program is the only gate. Two checks make it one. The outer source
+ * must be in allow_from (the load balancers' encapsulation sources), else anyone who reaches the
+ * host could hand it a packet with any inner source; and the inner destination must be one of
+ * this host's addresses (a VIP on its loopback), else a host that forwards would route the
+ * inner packet on into the network behind it. Either failure is dropped and counted apart. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -14,14 +21,26 @@
 #include "parse.h"
 #include "csum.h"
 
-/* This host's addresses (user space keeps it in step with the interfaces'). Only packets whose
- * outer destination is one of them are decapsulated: a router's transit traffic never is. */
+/* This host's addresses, the loopback's (where the VIPs are) included; user space keeps it in
+ * step with the interfaces'. Only packets whose outer destination is one of them are
+ * decapsulated (a router's transit traffic never is), and only inner packets whose destination
+ * is one of them are handed on. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
 	__type(key, struct lb_addr);
 	__type(value, __u8);
 } local_addrs SEC(".maps");
+
+/* The prefixes encapsulated packets may come from (user space writes it before attaching and
+ * never changes it while attached). `lb decap --allow-any` writes the two /0 prefixes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lb_decap_src);
+	__type(value, __u8);
+} allow_from SEC(".maps");
 
 /* Counters, indexed by enum lb_decap_stat. */
 struct {
@@ -52,6 +71,17 @@ static __always_inline int is_local(const __u32 a[4], __u8 family)
 	__builtin_memcpy(key.addr, a, 16);
 	key.family = family;
 	return bpf_map_lookup_elem(&local_addrs, &key) != NULL;
+}
+
+/* Whether an outer source address `a` of `family` lies in one of allow_from's prefixes. */
+static __always_inline int is_allowed(const __u32 a[4], __u8 family)
+{
+	struct lb_decap_src key = {};
+
+	key.prefixlen = 32 + 128;
+	key.family = family;
+	__builtin_memcpy(key.addr, a, 16);
+	return bpf_map_lookup_elem(&allow_from, &key) != NULL;
 }
 
 /* What follows the outer IP header: how many more bytes to strip and the inner family.
@@ -156,6 +186,9 @@ int lb_decap(struct xdp_md *ctx)
 		verdict = inner_of(&c, ip->protocol, &strip, &family);
 		if (verdict == 0)
 			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		a[0] = ip->saddr;
+		if (!is_allowed(a, LB_FAMILY_V4))
+			return dcount(LB_DECAP_NOT_ALLOWED, XDP_DROP);
 		if (verdict < 0 || ipv4_csum_ok(ip) == 0 || bpf_ntohs(ip->tot_len) > (__u32)(c.end - (void *)ip) ||
 		    bpf_ntohs(ip->tot_len) < strip)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
@@ -173,6 +206,9 @@ int lb_decap(struct xdp_md *ctx)
 		verdict = inner_of(&c, ip6->nexthdr, &strip, &family);
 		if (verdict == 0)
 			return dcount(LB_DECAP_PASSED, XDP_PASS);
+		__builtin_memcpy(a, &ip6->saddr, 16);
+		if (!is_allowed(a, LB_FAMILY_V6))
+			return dcount(LB_DECAP_NOT_ALLOWED, XDP_DROP);
 		if (verdict < 0 || sizeof(*ip6) + bpf_ntohs(ip6->payload_len) > (__u32)(c.end - (void *)ip6) ||
 		    sizeof(*ip6) + bpf_ntohs(ip6->payload_len) < strip)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
@@ -180,18 +216,27 @@ int lb_decap(struct xdp_md *ctx)
 		return dcount(LB_DECAP_PASSED, XDP_PASS);
 	}
 
-	/* The inner header must be all there, and of the family the outer headers promised. */
+	/* The inner header must be all there, and of the family the outer headers promised; and it
+	 * must be for this host: unwrapped, it is not checked again before routing. */
 	l3 = (void *)(long)ctx->data + l2len;
 	if (family == LB_FAMILY_V4) {
 		struct iphdr *in = l3 + strip;
+		__u32 d[4] = {};
 
 		if ((void *)(in + 1) > c.end || in->version != 4 || in->ihl < 5)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		d[0] = in->daddr;
+		if (!is_local(d, LB_FAMILY_V4))
+			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
 	} else {
 		struct ipv6hdr *in = l3 + strip;
+		__u32 d[4];
 
 		if ((void *)(in + 1) > c.end || in->version != 6)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		__builtin_memcpy(d, &in->daddr, 16);
+		if (!is_local(d, LB_FAMILY_V6))
+			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
 	}
 
 	__builtin_memcpy(macs, eth, 12);

@@ -224,7 +224,23 @@ enum lb_decap_stat {
 	LB_DECAP_DONE = 0,   /* an IPIP or GUE packet for this host: outer headers stripped, passed */
 	LB_DECAP_PASSED,     /* anything else: passed unchanged */
 	LB_DECAP_MALFORMED,  /* encapsulated for this host but cut short or inconsistent: dropped */
+	LB_DECAP_NOT_ALLOWED, /* encapsulated for this host, from an outer source outside the
+			       * allow-list (`lb decap --allow-from`): dropped */
+	LB_DECAP_NOT_LOCAL,  /* encapsulated, from an allowed source, but the inner packet is for an
+			      * address this host does not have: dropped, never routed on */
 	LB_DECAP_STAT_MAX,
+};
+
+/* Key of the decap program's allow_from map (an LPM trie): a prefix of encapsulating sources.
+ * The trie matches the first `prefixlen` bits of what follows it, so the family and its padding
+ * (32 bits) come first and are always part of the prefix: one trie holds both families, and an
+ * IPv4 prefix never matches an IPv6 source. prefixlen = 32 + the address prefix length; an
+ * IPv4 address uses addr[0] only, the rest zero. */
+struct lb_decap_src {
+	__u32 prefixlen;
+	__u8 family; /* enum lb_family */
+	__u8 pad[3];
+	__be32 addr[4];
 };
 
 /* Per-service and per-backend traffic counters (per-CPU). */

@@ -1,12 +1,13 @@
-//! The backends' decapsulation program (src/bpf/decap.bpf.c), for `lb decap`: loads it, keeps
-//! its map of this host's addresses in step with the interfaces, and reads its counters.
+//! The backends' decapsulation program (src/bpf/decap.bpf.c), for `lb decap`: loads it, writes
+//! the prefixes encapsulated packets may come from, keeps its map of this host's addresses in
+//! step with the interfaces, and reads its counters.
 
 use std::collections::HashSet;
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
@@ -28,7 +29,15 @@ pub struct DecapCounters {
     pub passed: u64,
     /// Encapsulated packets for this host that were cut short or inconsistent: dropped.
     pub malformed: u64,
+    /// Encapsulated packets for this host from an outer source outside the allow-list: dropped.
+    pub not_allowed: u64,
+    /// Encapsulated packets from an allowed source whose inner destination is not an address
+    /// of this host: dropped.
+    pub not_local: u64,
 }
+
+/// Every address of either family: what `lb decap --allow-any` allows.
+pub const ANY_SOURCE: [(IpAddr, u8); 2] = [(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0), (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 0)];
 
 pub struct Decap {
     skel: DecapSkel<'static>,
@@ -52,7 +61,26 @@ impl Decap {
         self.skel.progs.lb_decap.as_fd()
     }
 
-    /// Makes `addrs` the set of addresses packets are decapsulated for. Returns whether it changed.
+    /// Allows encapsulated packets whose outer source lies in one of `prefixes` (address, prefix
+    /// length); packets from any other source are dropped. Call before attaching: until then
+    /// nothing is allowed.
+    pub fn allow_from(&mut self, prefixes: &[(IpAddr, u8)]) -> Result<()> {
+        for &(a, len) in prefixes {
+            let full = if a.is_ipv4() { 32 } else { 128 };
+            if len > full {
+                bail!("{a}/{len}: a prefix length is at most {full}");
+            }
+            let (addr, family) = addr_words(a);
+            // The family word is always part of the prefix (see lb.h, struct lb_decap_src).
+            let key = skel::types::lb_decap_src { prefixlen: 32 + len as u32, family, addr, ..Default::default() };
+            self.skel.maps.allow_from.update(bytes_of(&key), &[1], MapFlags::ANY).with_context(|| format!("allowing {a}/{len}"))?;
+        }
+        Ok(())
+    }
+
+    /// Makes `addrs` the set of addresses packets are decapsulated for, as outer and as inner
+    /// destination (the loopback's, where backends hold the VIPs, must be among them). Returns
+    /// whether it changed.
     pub fn set_local(&mut self, addrs: &[IpAddr]) -> Result<bool> {
         let want: HashSet<IpAddr> = addrs.iter().copied().collect();
         if want == self.local {
@@ -82,6 +110,8 @@ impl Decap {
             decapsulated: read(S::LB_DECAP_DONE)?,
             passed: read(S::LB_DECAP_PASSED)?,
             malformed: read(S::LB_DECAP_MALFORMED)?,
+            not_allowed: read(S::LB_DECAP_NOT_ALLOWED)?,
+            not_local: read(S::LB_DECAP_NOT_LOCAL)?,
         })
     }
 
