@@ -656,7 +656,13 @@ fn root_decap_unwraps_only_from_allowed_sources_and_only_for_this_host() {
     // counted not_local (a forwarding host would otherwise route it on).
     let elsewhere = ipv4(None, v4("10.0.0.1"), v4("198.51.100.9"), L4::syn(40420, 22), &df(), b"onward");
     let elsewhere6 = ipv6(v6("fd00:aa::1"), v6("fd77::9"), L4::syn(40421, 22), None, b"onward");
+    // The loopback's own addresses are never "this host" for a packet from the wire, though
+    // decap() lists them: services bound to 127.0.0.1 must not be reachable through a tunnel.
+    let to_lo = ipv4(None, v4("10.0.0.1"), v4("127.0.0.1"), L4::syn(40422, 22), &df(), b"lo");
+    let to_lo6 = ipv6(v6("fd00:aa::1"), v6("::1"), L4::syn(40423, 22), None, b"lo");
     let not_local = [
+        (raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 4, &to_lo[14..]), "IPIP, inner for 127.0.0.1"),
+        (raw_ipv6(v6(SRC6), v6("fd01::11"), 41, &to_lo6[14..]), "IPv6 in IPv6, inner for ::1"),
         (raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 4, &elsewhere[14..]), "IPIP, inner for another host"),
         (raw_ipv4(v4("10.99.0.77"), v4("10.1.0.11"), 17, &gue1(6081, &elsewhere[14..])), "GUE, inner for another host"),
         (raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), 41, &elsewhere6[14..]), "IPv6 in IPv4, inner for another host"),

@@ -99,6 +99,9 @@ test_encap_reload_moves_l2_to_ipip_under_traffic() { # MODE
     d=$(cat "$WORK"/decap*.log | grep -o "decapsulated [0-9]*" | awk '{s += $2} END {print s + 0}')
     [ "$d" -gt 0 ] || { cat "$WORK"/decap*.log >&2; fail "the backends decapsulated nothing"; }
     # lb's own packets are never refused: its source is allowed and the VIP is each backend's.
+    # Every backend must have said so (its exit line carries the counters).
+    n=$(grep -l "not_local [0-9]*" "$WORK"/decap*.log | wc -l)
+    [ "$n" -eq 3 ] || { cat "$WORK"/decap*.log >&2; fail "only $n of 3 backends reported their decap counters"; }
     r=$(cat "$WORK"/decap*.log | grep -o "not_allowed [0-9]*\|not_local [0-9]*" | awk '{s += $2} END {print s + 0}')
     [ "$r" -eq 0 ] || { cat "$WORK"/decap*.log >&2; fail "the backends refused $r of lb's packets"; }
     say "web l2 -> ipip under traffic: 2000 connections during and 500 after, none failed; $d packets decapsulated, none refused"

@@ -79,10 +79,14 @@ impl Decap {
     }
 
     /// Makes `addrs` the set of addresses packets are decapsulated for, as outer and as inner
-    /// destination (the loopback's, where backends hold the VIPs, must be among them). Returns
-    /// whether it changed.
+    /// destination (the addresses on the loopback device, where backends hold the VIPs, must be
+    /// among them). Loopback addresses themselves (127.0.0.0/8, ::1), and any that are not
+    /// unicast, are left out: a packet from the wire is never for them, and unwrapping one for
+    /// 127.0.0.1 would reach services bound to the loopback on hosts that route it
+    /// (`route_localnet`). Returns whether it changed.
     pub fn set_local(&mut self, addrs: &[IpAddr]) -> Result<bool> {
-        let want: HashSet<IpAddr> = addrs.iter().copied().collect();
+        let want: HashSet<IpAddr> =
+            addrs.iter().copied().filter(|a| !(a.is_loopback() || a.is_unspecified() || a.is_multicast())).collect();
         if want == self.local {
             return Ok(false);
         }
