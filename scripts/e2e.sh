@@ -93,7 +93,7 @@ if [ "${1:-}" = --one ]; then
 fi
 
 # Tests that fail now and then on a 2-core machine run a second time when they fail; a second
-# failure fails, and every retry is named in the summary. The SYN flood (guard on): 4 of 28 runs
+# failure fails, and every retry is named in the summary. The SYN flood (guard on): 5 of 30 runs
 # failed on 2026-12-01, a held connection stalling past the client's 3 s or 1-2% of new
 # handshakes failing under about 400,000 packets a second (docs/testing.md says more).
 RETRY_ONCE=("test_conntrack_a_syn_flood_breaks_no_established_connection native on")
