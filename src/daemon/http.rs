@@ -258,6 +258,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn when_full_the_oldest_connection_still_reading_is_closed_and_one_being_answered_never() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let threads = Arc::new(Threads::default());
+        let mut clients = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            clients.push(TcpStream::connect(addr).expect("connect"));
+            let (s, _) = listener.accept().expect("accept");
+            ids.push(threads.admit(s).expect("a free thread"));
+        }
+        // The oldest has sent its request and is being answered; the next oldest never sends one.
+        assert!(threads.answering(ids[0]));
+        std::thread::sleep(GRACE);
+        let (first, second) = (clients.remove(0), clients.remove(0));
+        let (closed_id, leaving) = (ids[1], threads.clone());
+        let watcher = std::thread::spawn(move || {
+            // What the connection's thread does when its socket is closed under it: leaves.
+            let mut second = second;
+            let mut b = [0u8; 1];
+            let eof = matches!(second.read(&mut b), Ok(0));
+            leaving.leave(closed_id);
+            eof
+        });
+        let _newest = TcpStream::connect(addr).expect("connect");
+        let (s, _) = listener.accept().expect("accept");
+        let started = Instant::now();
+        assert!(threads.admit(s).is_some());
+        assert!(started.elapsed() < Duration::from_secs(2), "admitted after {:?}", started.elapsed());
+        assert!(watcher.join().expect("watcher"), "the silent connection was closed");
+        // The one being answered was not: a read finds nothing yet, not the end.
+        first.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+        let mut b = [0u8; 1];
+        assert!((&first).read(&mut b).is_err(), "the connection being answered was closed");
+        assert!(threads.answering(ids[2]), "the other silent ones are untouched");
+    }
+
+    #[test]
     fn a_request_head_gives_method_path_and_accept() {
         let r = parse(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\naccept: application/openmetrics-text;version=1.0.0\r\n\r\n")
             .expect("valid")
