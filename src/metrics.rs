@@ -63,7 +63,7 @@ impl ServiceModel {
 }
 
 /// The drop reasons and their help, for the metric's documentation.
-pub const DROP_REASONS: [(&str, &str); 8] = [
+pub const DROP_REASONS: [(&str, &str); 10] = [
     ("malformed", "a header cut short or inconsistent"),
     ("no_backend", "the slot is empty"),
     ("no_mac", "the backend's (or next hop's) MAC is not resolved"),
@@ -72,6 +72,8 @@ pub const DROP_REASONS: [(&str, &str); 8] = [
     ("too_big", "too long once encapsulated: answered with ICMP"),
     ("oversize", "too long once encapsulated, fragmentation allowed"),
     ("encap", "the frame could not be encapsulated"),
+    ("too_big_limited", "too long once encapsulated, past the too-big answers' rate limit"),
+    ("too_big_below_min", "too long once encapsulated, and the MTU left is below the protocol's minimum"),
 ];
 
 fn family<M: EncodeMetric>(

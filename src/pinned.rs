@@ -73,6 +73,31 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether a controller holds `dir`'s lock, found without taking it.
+///
+/// A controller runs while it holds the directory's flock. Trying that lock to find out (as
+/// `lb status` once did) holds it for an instant, and a controller starting in that instant is
+/// refused as if another ran. The kernel lists every flock in /proc/locks by device and inode, so
+/// status reads it there instead. Where /proc/locks cannot be read, it falls back to whether the
+/// process the meta names as the last controller is alive (wrong only if its pid was reused).
+fn controller_holds(dir: &Path, pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(md), Ok(locks)) = (std::fs::metadata(dir), std::fs::read_to_string("/proc/locks")) else {
+        return pid != 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok();
+    };
+    let id = format!("{:02x}:{:02x}:{}", nix::sys::stat::major(md.dev()), nix::sys::stat::minor(md.dev()), md.ino());
+    flock_held(&locks, &id)
+}
+
+/// Whether the /proc/locks text `locks` lists a granted flock on `id` (`MAJ:MIN:INODE`, as
+/// /proc/locks writes them). Lines with `->` are waiters, not holders.
+fn flock_held(locks: &str, id: &str) -> bool {
+    locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&id)
+    })
+}
+
 /// `lb status IFACE`: what the pinned data plane holds and counts, from any process.
 pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
     check_privileges()?;
@@ -85,8 +110,7 @@ pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
     let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
     let maps = PinnedMaps::open(&dir)?;
     let meta = maps.meta()?.context("the pinned lb_meta has a format this version does not know")?;
-    // A controller runs while it holds the directory's lock.
-    let running = pin::try_lock(&dir)?.is_none();
+    let running = controller_holds(&dir, meta.controller_pid);
     let st = lb::balancer::status(&maps)?;
     let mut out = std::io::stdout().lock();
     if json {
@@ -118,4 +142,20 @@ pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
         write!(out, "{}", st.text())?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flock_held;
+
+    #[test]
+    fn a_granted_flock_is_found_by_device_and_inode_and_waiters_are_not() {
+        let locks = "1: POSIX  ADVISORY  WRITE 812 00:19:1123 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4711 00:2d:31 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 4712 00:2d:77 0 EOF\n";
+        assert!(flock_held(locks, "00:2d:31"));
+        assert!(!flock_held(locks, "00:19:1123"), "a POSIX lock is not the controller's");
+        assert!(!flock_held(locks, "00:2d:77"), "a waiter holds nothing");
+        assert!(!flock_held(locks, "00:2d:3"));
+    }
 }

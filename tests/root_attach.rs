@@ -258,3 +258,117 @@ fn root_attach_warns_of_a_vip_no_interface_holds_only_without_announce() {
         assert_eq!(warned, !announce, "--announce {announce}: {:?}", lb.seen);
     }
 }
+
+/// Runs `f` on a thread inside `ns`'s network namespace: the sockets it makes live there (and may
+/// be used from any thread afterwards).
+fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{}", ns.name);
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("the namespace's file");
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+    .join()
+    .expect("namespace thread")
+}
+
+/// `GET path` on a connection of its own, everything within `within`: the status line and the
+/// body's length, or what went wrong.
+fn http_get(addr: std::net::SocketAddr, path: &str, within: Duration) -> Result<(String, usize), String> {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + within;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, within).map_err(|e| format!("connect: {e}"))?;
+    s.set_write_timeout(Some(within)).map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n").as_bytes()).map_err(|e| format!("send: {e}"))?;
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 65536];
+    loop {
+        let left = deadline.checked_duration_since(std::time::Instant::now()).ok_or(format!("no full answer to {path} within {within:?} ({} bytes)", got.len()))?;
+        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(format!("no full answer to {path} within {within:?} ({e}, {} bytes)", got.len())),
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(format!("no head in {text:?}"))?;
+    Ok((head.lines().next().unwrap_or("").to_string(), body.len()))
+}
+
+#[test]
+fn root_metrics_answer_while_a_client_never_reads_and_200_connections_idle() {
+    let p = pair();
+    // Small socket buffers in this namespace: a /metrics answer of a few hundred kilobytes then
+    // cannot be swallowed by the kernel for a client that never reads.
+    let netns_sysctl = |kv: &str| sh(&["ip", "netns", "exec", &p.lb.name, "sysctl", "-qw", kv]);
+    netns_sysctl("net.ipv4.tcp_rmem=4096 8192 65536");
+    netns_sysctl("net.ipv4.tcp_wmem=4096 8192 65536");
+    p.lb.ip(&["addr", "add", "10.78.0.1/16", "dev", "lbv0"]);
+    let mut pool = String::from("services:\n  - name: big\n    vip: 10.77.0.100\n    port: 80\n    backends:\n");
+    for n in 0..600u32 {
+        pool.push_str(&format!("      - 10.78.{}.{}\n", 1 + n / 200, 1 + n % 200));
+    }
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "big.yaml", &pool);
+    let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().expect("addr");
+    let (mut lb, _) = start(&p, &cfg, &["--xdp-mode", "generic", "--metrics", "127.0.0.1:9465"]);
+    let pid = lb.child.id();
+    let threads = || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+
+    // The serve loop publishes the pool's model soon after "serving"; then /metrics is large.
+    let deadline = std::time::Instant::now() + SECS;
+    let (status, size) = loop {
+        let (status, size) = in_netns(&p.lb, move || http_get(addr, "/metrics", SECS)).expect("/metrics with nobody in the way");
+        if size > 200_000 || std::time::Instant::now() > deadline {
+            break (status, size);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.contains("200") && size > 200_000, "{status}, {size} bytes: too small to wedge a writer");
+    std::thread::sleep(Duration::from_millis(200));
+    let idle_threads = threads();
+
+    // One connection that asks for /metrics and never reads, then 200 that never send a request
+    // (lb serves 16 connections at once: the idle ones take every other thread and more).
+    let (mut stuck, hogs) = in_netns(&p.lb, move || {
+        use std::io::Write;
+        let mut stuck = std::net::TcpStream::connect(addr).expect("connect");
+        stuck.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\n\r\n").expect("send");
+        std::thread::sleep(Duration::from_millis(100));
+        let hogs: Vec<std::net::TcpStream> = (0..200).filter_map(|_| std::net::TcpStream::connect(addr).ok()).collect();
+        (stuck, hogs)
+    });
+    assert_eq!(hogs.len(), 200);
+    std::thread::sleep(Duration::from_secs(1));
+    let started = std::time::Instant::now();
+
+    // Others are still answered, promptly, and the idle connections did not each get a thread.
+    let bound = Duration::from_secs(5);
+    for path in ["/metrics", "/", "/metrics"] {
+        let started = std::time::Instant::now();
+        let answer = in_netns(&p.lb, move || http_get(addr, path, bound));
+        let (status, _) = answer.unwrap_or_else(|e| panic!("{e} (lb has {} threads)", threads()));
+        assert!(status.contains("200"), "{path}: {status}");
+        assert!(started.elapsed() < bound, "{path} took {:?}", started.elapsed());
+    }
+    assert!(threads() <= idle_threads + 16, "lb runs {} threads for 201 connections ({idle_threads} without them)", threads());
+
+    // The client that never read was not closed for the idle ones: it gets its whole answer
+    // (its 10 s to take it are not over yet).
+    assert!(started.elapsed() < Duration::from_secs(8), "the checks took {:?}", started.elapsed());
+    let got = {
+        use std::io::Read;
+        let mut got = Vec::new();
+        stuck.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let _ = stuck.read_to_end(&mut got);
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let (head, body) = got.split_once("\r\n\r\n").unwrap_or((&got, ""));
+    let length: usize = head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).and_then(|n| n.trim().parse().ok()).unwrap_or(usize::MAX);
+    assert!(head.starts_with("HTTP/1.1 200") && body.len() == length, "the slow reader got {} of {length} bytes: {}", body.len(), head.lines().next().unwrap_or(""));
+    drop(hogs);
+
+    lb.signal(Signal::SIGTERM);
+    assert_eq!(lb.wait_exit(SECS).code(), Some(0));
+}

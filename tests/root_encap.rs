@@ -608,6 +608,7 @@ fn assert_decap(de: &Decap, what: &str, f: &[u8], expect: Option<Vec<u8>>, which
         ("malformed", after.malformed - before.malformed),
         ("not_allowed", after.not_allowed - before.not_allowed),
         ("not_local", after.not_local - before.not_local),
+        ("ce_not_ect", after.ce_not_ect - before.ce_not_ect),
     ];
     for (name, n) in moved {
         assert_eq!(n, u64::from(name == which), "{what}: counter {name} moved by {n} (expected {which} to move by 1)");
@@ -696,5 +697,146 @@ fn root_decap_unwraps_only_from_allowed_sources_and_only_for_this_host() {
     }
     for (f, what) in &not_local {
         assert_decap(&any, &format!("--allow-any: {what}"), f, None, "not_local");
+    }
+}
+
+/// Issue 22, finding 13: too-big answers are rate limited per CPU (a burst of 50, then 200 a
+/// second), the excess dropped and counted. A stream of full-size packets from spoofed sources
+/// used to be answered one for one, at line rate, towards the spoofed victims.
+#[test]
+fn root_too_big_answers_are_rate_limited_and_the_excess_counted() {
+    let (dp, _pool) = setup();
+    let payload = vec![0x5a; 1500 - 20 - 20];
+    let n: u64 = 1000;
+    let before = (stat(&dp, types::lb_stat::LB_STAT_TOO_BIG), stat(&dp, types::lb_stat::LB_DROP_TOO_BIG_LIMITED));
+    let started = std::time::Instant::now();
+    let mut answered = 0u64;
+    for i in 0..n {
+        // A new (spoofed) source each time, as a reflection attack would send.
+        let client = Ipv4Addr::new(198, 51, (i >> 8) as u8, i as u8);
+        let f = ipv4(None, client, v4("10.99.0.100"), L4::Tcp { sport: 40000 + i as u16, dport: 80, flags: 0x10 }, &df(), &payload);
+        let (action, out) = dp.test_run(&f).expect("run");
+        match action {
+            XDP_TX => answered += 1,
+            XDP_DROP => assert_eq!(out, f, "a limited packet is dropped unchanged"),
+            a => panic!("action {a}"),
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let too_big = stat(&dp, types::lb_stat::LB_STAT_TOO_BIG) - before.0;
+    let limited = stat(&dp, types::lb_stat::LB_DROP_TOO_BIG_LIMITED) - before.1;
+    // The test thread may run on any CPU, each with a bucket of its own.
+    let cpus = libbpf_rs::num_possible_cpus().expect("cpus") as u64;
+    let most = cpus * (50 + (200.0 * secs).ceil() as u64);
+    println!("{n} too-big packets in {secs:.3} s: {answered} answered, {limited} limited ({cpus} CPUs: at most {most} may be answered)");
+    assert_eq!((too_big, limited), (answered, n - answered), "every packet is counted once");
+    assert!(answered >= 50, "a burst of 50 is answered: {answered}");
+    assert!(answered <= most, "{answered} of {n} answered in {secs:.3} s: the rate limit allows at most {most}");
+}
+
+/// Issue 22, finding 13: an answer never advertises an MTU below the protocol's minimum (1280
+/// for IPv6, which clients ignore; 68 for IPv4); the packet is dropped and counted instead, and
+/// an MTU below the outer headers' size never wraps around to a huge one.
+#[test]
+fn root_too_big_never_advertises_an_mtu_below_the_protocol_minimum() {
+    let (mut dp, _pool) = setup();
+    let below = |dp: &Balancer| stat(dp, types::lb_stat::LB_DROP_TOO_BIG_BELOW_MIN);
+    // IPv6 behind an IPv6 tunnel (40 bytes): an MTU of 1300 leaves 1260.
+    let f6 = ipv6(v6("2001:db8::7"), v6("fd00::100"), L4::Tcp { sport: 40200, dport: 80, flags: 0x10 }, None, &vec![7u8; 1400]);
+    for (mtu, advertised) in [(1300u32, None), (1319, None), (1320, Some(1280u32)), (1400, Some(1360))] {
+        dp.set_mtu(mtu).expect("mtu");
+        let n = below(&dp);
+        let (action, out) = dp.test_run(&f6).expect("run");
+        match advertised {
+            None => {
+                assert_eq!((action, &out), (XDP_DROP, &f6), "MTU {mtu}: dropped, not answered with {}", u32::from_be_bytes([out[58], out[59], out[60], out[61]]));
+                assert_eq!(below(&dp) - n, 1, "MTU {mtu}: counted");
+            }
+            Some(m) => {
+                assert_eq!(action, XDP_TX, "MTU {mtu}");
+                assert_eq!(u32::from_be_bytes([out[58], out[59], out[60], out[61]]), m, "MTU {mtu}");
+            }
+        }
+    }
+    // IPv4 behind an IPv4 tunnel (20 bytes).
+    let f4 = ipv4(None, v4("192.0.2.7"), v4("10.99.0.100"), L4::Tcp { sport: 40201, dport: 80, flags: 0x10 }, &df(), &[0x5a; 300]);
+    for (mtu, advertised) in [(10u32, None), (20, None), (87, None), (88, Some(68u16)), (300, Some(280))] {
+        dp.set_mtu(mtu).expect("mtu");
+        let n = below(&dp);
+        let (action, out) = dp.test_run(&f4).expect("run");
+        match advertised {
+            None => {
+                assert_eq!((action, &out), (XDP_DROP, &f4), "MTU {mtu}: dropped, not answered with {}", u16::from_be_bytes([out[40], out[41]]));
+                assert_eq!(below(&dp) - n, 1, "MTU {mtu}: counted");
+            }
+            Some(m) => {
+                assert_eq!(action, XDP_TX, "MTU {mtu}");
+                assert_frag_needed(&f4, &out, m);
+            }
+        }
+    }
+}
+
+const NOT_ECT: u8 = 0;
+const ECT1: u8 = 1;
+const ECT0: u8 = 2;
+const CE: u8 = 3;
+
+/// `f` with the ECN field of the IP header at `at` set to `ecn` (IPv4: the checksum redone).
+fn with_ecn(f: &[u8], at: usize, ecn: u8) -> Vec<u8> {
+    let mut f = f.to_vec();
+    if f[at] >> 4 == 4 {
+        f[at + 1] = (f[at + 1] & !3) | ecn;
+        let hlen = (f[at] & 0xf) as usize * 4;
+        f[at + 10..at + 12].copy_from_slice(&[0, 0]);
+        let c = csum(&f[at..at + hlen]);
+        f[at + 10..at + 12].copy_from_slice(&c.to_be_bytes());
+    } else {
+        f[at + 1] = (f[at + 1] & !0x30) | (ecn << 4);
+    }
+    f
+}
+
+/// Issue 22, finding 14: lb decap applies RFC 6040's decapsulation rules to the ECN field: an
+/// outer CE mark (a congested router between lb and the backend) reaches the inner header, for
+/// IPv4 (its checksum updated) and IPv6 inner packets, over either outer family; CE on a packet
+/// whose sender does not do ECN is dropped and counted. The outer mark used to vanish with the
+/// outer header, so the receiver never learnt of the congestion.
+#[test]
+fn root_decap_carries_an_outer_ce_mark_to_the_inner_header() {
+    let de = decap(&lb_sources());
+    let inner4 = ipv4(None, v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(40500, 80), &df(), b"ecn");
+    let inner6 = ipv6(v6("2001:db8::7"), v6("fd00::100"), L4::syn(40501, 80), None, b"ecn");
+    // (outer, inner, what the inner leaves with; None: dropped)
+    let rules = [
+        (CE, ECT0, Some(CE)),
+        (CE, ECT1, Some(CE)),
+        (CE, CE, Some(CE)),
+        (CE, NOT_ECT, None),
+        (ECT1, ECT0, Some(ECT1)),
+        (ECT0, ECT1, Some(ECT1)),
+        (ECT0, NOT_ECT, Some(NOT_ECT)),
+        (NOT_ECT, ECT0, Some(ECT0)),
+        (NOT_ECT, CE, Some(CE)),
+    ];
+    for (outer_ecn, inner_ecn, leaves) in rules {
+        for (inner, proto) in [(&inner4, 4u8), (&inner6, 41)] {
+            let sent = with_ecn(&inner[14..], 0, inner_ecn);
+            for outer6 in [false, true] {
+                let outer = if outer6 { raw_ipv6(v6(SRC6), v6("fd01::11"), proto, &sent) } else { raw_ipv4(v4("10.99.0.2"), v4("10.1.0.11"), proto, &sent) };
+                let outer = with_ecn(&outer, 14, outer_ecn);
+                let what = format!("outer {} ECN {outer_ecn}, inner {} ECN {inner_ecn}", if outer6 { "IPv6" } else { "IPv4" }, if proto == 4 { "IPv4" } else { "IPv6" });
+                match leaves {
+                    Some(ecn) => {
+                        let expect = with_ecn(&sent, 0, ecn);
+                        assert_decap(&de, &what, &outer, Some(decapsulated(&outer, 14, &expect)), "decapsulated");
+                        if proto == 4 {
+                            assert_eq!(csum(&expect[..20]), 0, "{what}: the inner IPv4 checksum");
+                        }
+                    }
+                    None => assert_decap(&de, &what, &outer, None, "ce_not_ect"),
+                }
+            }
+        }
     }
 }

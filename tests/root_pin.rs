@@ -353,3 +353,179 @@ fn root_announce_holds_the_vips_while_serving_and_withdraws_them_first() {
     assert!(out.status.success() && said.contains("withdrew the VIPs 10.77.0.100"), "{said}");
     assert!(!holds(&p));
 }
+
+/// The generation of every backend id in the pinned data plane of `prog_id` (index = id).
+fn generations(prog_id: u32) -> Vec<u32> {
+    Live::new(prog_id).values("backend_gen").iter().map(|v| u32::from_ne_bytes(v[..4].try_into().expect("u32"))).collect()
+}
+
+/// Issue 22, finding 12: a backend id retired by one controller and reissued by the next, which
+/// adopted the data plane, gets a generation its first owner's flow entries never carried, so
+/// those entries stay unusable (flow.h's usable() compares the entry's generation with
+/// backend_gen). Adoption used to read generations only up to the highest id in the pool, so the
+/// retired id 3 came back at generation 1 again: the one its first owner's entries hold.
+#[test]
+fn root_a_backend_id_retired_before_an_adoption_is_reissued_with_a_newer_generation() {
+    let (p, dir, pins) = env();
+    let config = write_config(&dir, "pool.yaml", &pool_text(&[(80, "ring", &[21, 22, 23])]));
+    let mut lb = attach(&p, &config, &pins);
+    let prog = prog_of(&lb.wait_for("attached to lbv0", SECS));
+    lb.wait_for("serving", SECS);
+    let first = generations(prog)[3];
+    assert!(first > 0, "id 3 (b23) was issued: {:?}", &generations(prog)[..5]);
+
+    // b23 leaves the pool: id 3 retires, keeping its generation (flows of b23 may still name it).
+    std::fs::write(&config, pool_text(&[(80, "ring", &[21, 22])])).expect("write");
+    lb.wait_for("reload (file changed)", SECS);
+    lb.signal(Signal::SIGTERM);
+    assert!(lb.wait_exit(SECS).success());
+
+    // The next controller adopts ids 1 and 2; a new backend then takes id 3 again.
+    let mut lb = attach(&p, &config, &pins);
+    let prog = prog_of(&lb.wait_for("adopted the data plane", SECS));
+    lb.wait_for("serving", SECS);
+    std::fs::write(&config, pool_text(&[(80, "ring", &[21, 22, 24])])).expect("write");
+    lb.wait_for("reload (file changed)", SECS);
+    let addr3 = Live::new(prog).values("backend_addrs")[3].clone();
+    assert!(addr3.windows(4).any(|w| w == [10, 77, 0, 24]), "the test needs b24 to reuse id 3; id 3 holds {addr3:?}");
+    let again = generations(prog)[3];
+    assert!(
+        again & 0xffff != first & 0xffff && again > first,
+        "id 3 was reissued at generation {again}, which b23's flow entries (generation {first}) match: they are usable again"
+    );
+    lb.signal(Signal::SIGTERM);
+    lb.wait_exit(SECS);
+    let _ = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+}
+
+/// Issue 22, finding 14: `lb status` must never hold the lock a starting controller takes.
+/// It used to take the directory's lock for an instant to see whether a controller runs, and a
+/// controller starting in that instant was refused ("another lb controls ..."). Here lb status
+/// runs under strace (no flock call may appear), then one thread runs `lb status` over and over
+/// while another takes and drops the lock exactly as a starting controller does (flock,
+/// exclusive, non-blocking), counting the refusals.
+#[test]
+fn root_lb_status_never_makes_a_starting_controller_fail() {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (p, dir, pins) = env();
+    let config = write_config(&dir, "pool.yaml", &pool_text(&[(80, "ring", &[21, 22])]));
+    let mut lb = attach(&p, &config, &pins);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGTERM);
+    assert!(lb.wait_exit(SECS).success());
+    let plane = walk(&pins.0).into_iter().find(|f| f.ends_with("/link")).map(PathBuf::from).expect("the pinned link");
+    let plane_dir = plane.parent().expect("its directory").to_path_buf();
+
+    // The instant is a few microseconds, too short for a race to hit it reliably, so first the
+    // deterministic check: lb status makes no flock call at all (strace sees every one).
+    let traced = dir.join("status.strace");
+    let out = p
+        .lb
+        .cmd("strace")
+        .args(["-f", "-qq", "-e", "trace=flock", "-o", traced.to_str().expect("utf-8"), LB, "status", "lbv0", "--pin-dir", pins.arg()])
+        .output()
+        .expect("strace (needed by this test)");
+    assert!(out.status.success(), "lb status under strace: {}", String::from_utf8_lossy(&out.stderr));
+    let calls = std::fs::read_to_string(&traced).expect("strace output");
+    assert!(!calls.contains("LOCK_EX"), "lb status takes the controller's lock:\n{calls}");
+
+    // A process started while this one holds the lock holds it too, until it execs (the
+    // descriptor is copied at the fork): the lock attempts pause while lb status is started, so
+    // that only lb status itself can be seen holding it.
+    let gate = std::sync::RwLock::new(());
+    let stop = AtomicBool::new(false);
+    let (runs, refused, tries) = std::thread::scope(|s| {
+        let status = s.spawn(|| {
+            let mut runs = 0;
+            let until = std::time::Instant::now() + Duration::from_secs(4);
+            while std::time::Instant::now() < until {
+                let child = {
+                    let _paused = gate.write().expect("gate");
+                    p.lb.cmd(LB).args(["status", "lbv0", "--json", "--pin-dir", pins.arg()]).stdout(std::process::Stdio::piped()).spawn().expect("spawn lb status")
+                };
+                let out = child.wait_with_output().expect("lb status");
+                let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
+                assert!(st["program_id"].as_u64().is_some(), "{st}");
+                runs += 1;
+            }
+            stop.store(true, Ordering::Relaxed);
+            runs
+        });
+        let (mut refused, mut tries) = (0u64, 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            let _running = gate.read().expect("gate");
+            let d = std::fs::File::open(&plane_dir).expect("open the plane's directory");
+            #[allow(deprecated)]
+            match nix::fcntl::flock(d.as_raw_fd(), nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(()) => {}
+                Err(nix::errno::Errno::EWOULDBLOCK) => refused += 1,
+                Err(e) => panic!("flock: {e}"),
+            }
+            tries += 1;
+        }
+        (status.join().expect("status thread"), refused, tries)
+    });
+    println!("{runs} runs of lb status; {tries} controller-style lock attempts, {refused} refused");
+    assert!(runs > 3, "lb status ran only {runs} times");
+    assert_eq!(refused, 0, "{refused} of {tries} lock attempts found the lock taken while only lb status ran");
+    // With no controller, status still says none runs.
+    assert!(status_json(&p, &pins)["controller"].is_null());
+    let _ = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+}
+
+/// Issue 22, finding 9: a VIP announced by one run and removed from the pool while lb was down
+/// (pinned and stopped, or killed) is withdrawn by the next run before it attaches, while the
+/// operator's own addresses on the same device, host addresses included, stay. lb used to start
+/// with nothing announced, so the lost VIP stayed on the device and BGP kept attracting it.
+#[test]
+fn root_announce_withdraws_at_start_the_vips_an_earlier_run_left_and_only_those() {
+    let (p, dir, pins) = env();
+    p.lb.ip(&["link", "add", "vips0", "type", "ifb"]);
+    // The operator's: a host address and a subnet on the device lb announces on.
+    p.lb.ip(&["addr", "add", "10.99.0.7/32", "dev", "vips0"]);
+    p.lb.ip(&["addr", "add", "10.99.0.1/24", "dev", "vips0"]);
+    let both = "services:\n  - {name: a, vip: 10.77.0.100, port: 80, backends: [{address: 10.77.0.21, name: b21}]}\n  \
+                - {name: b, vip: 10.77.0.101, port: 80, backends: [{address: 10.77.0.22, name: b22}]}\n";
+    let one = both.lines().take(2).collect::<Vec<_>>().join("\n") + "\n";
+    let config = write_config(&dir, "pool.yaml", both);
+    let cfg = config.to_str().expect("utf-8");
+    let addrs = |p: &Pair| p.lb.ip(&["addr", "show", "dev", "vips0"]);
+
+    for pin in [true, false] {
+        // A first run announces both VIPs and dies without withdrawing them (a pinned data plane
+        // keeps them on purpose; kill -9 of an unpinned one cannot withdraw them).
+        std::fs::write(&config, both).expect("write");
+        let mut args = vec!["attach", "lbv0", "--config", cfg, "--announce", "vips0", "--xdp-mode", "generic"];
+        if pin {
+            args.extend_from_slice(&["--pin", "--pin-dir", pins.arg()]);
+        }
+        let mut lb = Running::start(&p.lb, &args);
+        lb.wait_for("announce: 10.77.0.101 on vips0", SECS);
+        lb.wait_for("serving", SECS);
+        lb.signal(Signal::SIGKILL);
+        lb.wait_exit(SECS);
+        assert!(addrs(&p).contains("10.77.0.101/32"), "pin {pin}: {}", addrs(&p));
+
+        // The next run's pool has lost service b: its VIP goes before the new pool is attached;
+        // the other VIP stays, and so do the operator's addresses.
+        std::fs::write(&config, &one).expect("write");
+        let mut lb = Running::start(&p.lb, &args);
+        lb.wait_for("serving", SECS);
+        let at = |needle: &str| lb.seen.iter().position(|l| l.contains(needle));
+        let withdrawn = at("withdraw: 10.77.0.101 from vips0");
+        let attached = at("attached to lbv0").or(at("adopted the data plane"));
+        assert!(withdrawn.is_some() && withdrawn < attached, "pin {pin}: withdrawn before attaching: {:?}", lb.seen);
+        let held = addrs(&p);
+        assert!(!held.contains("10.77.0.101") && held.contains("10.77.0.100/32"), "pin {pin}: {held}");
+        assert!(held.contains("10.99.0.7/32") && held.contains("10.99.0.1/24"), "pin {pin}: the operator's addresses went: {held}");
+        lb.signal(Signal::SIGTERM);
+        assert!(lb.wait_exit(SECS).success());
+        if pin {
+            let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let left = addrs(&p);
+        assert!(!left.contains("10.77.0.10") && left.contains("10.99.0.7/32"), "pin {pin}: {left}");
+    }
+}

@@ -12,7 +12,11 @@
  * must be in allow_from (the load balancers' encapsulation sources), else anyone who reaches the
  * host could hand it a packet with any inner source; and the inner destination must be one of
  * this host's addresses (a VIP on its loopback), else a host that forwards would route the
- * inner packet on into the network behind it. Either failure is dropped and counted apart. */
+ * inner packet on into the network behind it. Either failure is dropped and counted apart.
+ *
+ * The outer header's ECN field is not thrown away with it (RFC 6040, section 4.2): lb copies a
+ * packet's ECN field to the outer header it adds, so a router between lb and this host that is
+ * congested marks the outer header CE, and that mark must reach the inner packet's receiver. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -84,6 +88,26 @@ static __always_inline int is_allowed(const __u32 a[4], __u8 family)
 	return bpf_map_lookup_elem(&allow_from, &key) != NULL;
 }
 
+/* ECN codepoints (the low two bits of the IPv4 TOS and of the IPv6 traffic class). */
+#define ECN_NOT_ECT 0
+#define ECN_ECT1 1
+#define ECN_ECT0 2
+#define ECN_CE 3
+
+/* RFC 6040, section 4.2 (the table in figure 4): the ECN field the inner header leaves with,
+ * given the arriving outer and inner fields; -1: drop. A CE mark on the outer header is copied
+ * in; a CE mark on a packet whose sender does not do ECN (inner Not-ECT) cannot be passed on and
+ * means congestion, so the packet is dropped, as a router would have dropped it; ECT(1) outside
+ * ECT(0) inside becomes ECT(1). Everything else keeps the inner field. */
+static __always_inline int ecn_decap(__u8 outer, __u8 inner)
+{
+	if (outer == ECN_CE)
+		return inner == ECN_NOT_ECT ? -1 : ECN_CE;
+	if (outer == ECN_ECT1 && inner == ECN_ECT0)
+		return ECN_ECT1;
+	return inner;
+}
+
 /* What follows the outer IP header: how many more bytes to strip and the inner family.
  * Returns 1 (decapsulate), 0 (not ours: pass) or -1 (ours but malformed: drop). */
 static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, __u8 *family)
@@ -148,11 +172,11 @@ int lb_decap(struct xdp_md *ctx)
 {
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	__u32 l2len = sizeof(struct ethhdr), strip, a[4] = {}, tag = 0;
-	__u8 family = 0, macs[12];
+	__u8 family = 0, macs[12], outer_ecn;
 	struct ethhdr *eth;
 	void *data, *l3;
 	__u16 proto;
-	int verdict;
+	int verdict, ecn;
 
 	eth = take(&c, sizeof(*eth));
 	if (!eth)
@@ -192,6 +216,7 @@ int lb_decap(struct xdp_md *ctx)
 		if (verdict < 0 || ipv4_csum_ok(ip) == 0 || bpf_ntohs(ip->tot_len) > (__u32)(c.end - (void *)ip) ||
 		    bpf_ntohs(ip->tot_len) < strip)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		outer_ecn = ip->tos & 3;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = take(&c, sizeof(*ip6));
 
@@ -212,6 +237,8 @@ int lb_decap(struct xdp_md *ctx)
 		if (verdict < 0 || sizeof(*ip6) + bpf_ntohs(ip6->payload_len) > (__u32)(c.end - (void *)ip6) ||
 		    sizeof(*ip6) + bpf_ntohs(ip6->payload_len) < strip)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		/* The traffic class straddles the first two bytes; its ECN bits are 0x30 of the second. */
+		outer_ecn = (((__u8 *)ip6)[1] >> 4) & 3;
 	} else {
 		return dcount(LB_DECAP_PASSED, XDP_PASS);
 	}
@@ -228,6 +255,20 @@ int lb_decap(struct xdp_md *ctx)
 		d[0] = in->daddr;
 		if (!is_local(d, LB_FAMILY_V4))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+		ecn = ecn_decap(outer_ecn, in->tos & 3);
+		if (ecn < 0)
+			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
+		if (ecn != (in->tos & 3)) {
+			/* The checksum covers the TOS: RFC 1624's update for the one 16-bit word that
+			 * changes (version and header length, TOS). */
+			__u16 old = bpf_ntohs(*(__be16 *)in), new = (old & ~3) | ecn;
+			__u32 sum = (__u16)~bpf_ntohs(in->check) + (__u16)~old + new;
+
+			sum = (sum & 0xffff) + (sum >> 16);
+			sum = (sum & 0xffff) + (sum >> 16);
+			in->tos = (in->tos & ~3) | ecn;
+			in->check = bpf_htons(~sum & 0xffff);
+		}
 	} else {
 		struct ipv6hdr *in = l3 + strip;
 		__u32 d[4];
@@ -237,6 +278,10 @@ int lb_decap(struct xdp_md *ctx)
 		__builtin_memcpy(d, &in->daddr, 16);
 		if (!is_local(d, LB_FAMILY_V6))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+		ecn = ecn_decap(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
+		if (ecn < 0)
+			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
+		((__u8 *)in)[1] = (((__u8 *)in)[1] & ~0x30) | (ecn << 4);
 	}
 
 	__builtin_memcpy(macs, eth, 12);

@@ -49,8 +49,9 @@ static __always_inline int encap(struct pkt *p, const struct lb_service *svc, __
 	if (!to || (to->family != LB_FAMILY_V4 && to->family != LB_FAMILY_V6))
 		return count(LB_DROP_ENCAP, XDP_DROP);
 	overhead = (to->family == LB_FAMILY_V4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + gue;
+	/* An MTU smaller than the overhead leaves the client no room at all (and must not wrap). */
 	if (lb_settings.mtu && p->l3len + overhead > lb_settings.mtu)
-		return too_big(p, lb_settings.mtu - overhead);
+		return too_big(p, lb_settings.mtu > overhead ? lb_settings.mtu - overhead : 0);
 	proto = outer_proto(svc->forward, p->family);
 	__builtin_memcpy(mac, be->mac, 6);
 

@@ -12,6 +12,56 @@
 #define ICMPV6_DEST_UNREACH_ 1
 #define ICMPV6_PKT_TOOBIG_ 2
 
+/* The smallest MTU an answer may advertise. IPv6: 1280, the minimum link MTU (RFC 8200); a
+ * smaller one is ignored by the client (RFC 8201 section 4), so the answer would only cost a
+ * packet. IPv4: 68, the size every IPv4 module must pass unfragmented (RFC 791; RFC 1191 says a
+ * host never lowers its path MTU estimate below it). Not 576: that is what a host must accept
+ * reassembled, not what a link must carry, and links below 576 exist (lb's own MTU path does not
+ * reach 68 unless the interface's MTU is below 88, itself below IPv4's minimum). Below these
+ * the packet is dropped, counted (too_big_below_min). */
+#define LB_MIN_MTU4 68
+#define LB_MIN_MTU6 1280
+
+/* The too-big answers' rate limit, per CPU: at most LB_TOO_BIG_BURST at once, refilled at
+ * LB_TOO_BIG_PER_SEC. An attacker sending full-size packets with spoofed sources would
+ * otherwise make lb send one ICMP error for each (to the spoofed victims) at line rate; past
+ * the limit the packet is dropped, counted (too_big_limited). A client that meets the limit
+ * loses that packet and retransmits it, and is answered then. */
+#ifndef LB_TOO_BIG_PER_SEC
+#define LB_TOO_BIG_PER_SEC 200
+#endif
+#ifndef LB_TOO_BIG_BURST
+#define LB_TOO_BIG_BURST 50
+#endif
+#define LB_TOO_BIG_GAP_NS (1000000000ull / LB_TOO_BIG_PER_SEC)
+
+/* The rate limit's state, per CPU: when the bucket would next be full, in bpf_ktime_get_ns()
+ * time (a "theoretical arrival time": one answer moves it LB_TOO_BIG_GAP_NS later; an answer
+ * is allowed while it lies less than the burst's worth of gaps ahead of now). Not pinned: a new
+ * program starts with full buckets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} too_big_bucket SEC(".maps");
+
+/* Takes one answer from this CPU's bucket; 0 if it is empty. */
+static __always_inline int too_big_allowed(void)
+{
+	__u32 zero = 0;
+	__u64 *full_at = bpf_map_lookup_elem(&too_big_bucket, &zero);
+	__u64 now = bpf_ktime_get_ns(), at;
+
+	if (!full_at)
+		return 0;
+	at = *full_at > now ? *full_at : now;
+	if (at - now > (LB_TOO_BIG_BURST - 1) * LB_TOO_BIG_GAP_NS)
+		return 0;
+	*full_at = at + LB_TOO_BIG_GAP_NS;
+	return 1;
+}
+
 /* IPv6: how much of the client's packet the answer quotes (its headers, which is what the
  * client's stack needs to find the connection; RFC 4443 allows any amount up to 1280 bytes). */
 #define LB_TOOBIG6_QUOTE 192
@@ -172,11 +222,16 @@ static __always_inline int too_big6(struct pkt *p, __u32 mtu)
 
 /* A packet that is too long for the interface once encapsulated: tell the client (IPv4 with
  * DF, IPv6), or drop it (IPv4 that routers may fragment; an ICMP error, never answered with
- * another). `mtu` is what the client may send. */
+ * another; an MTU below the protocol's minimum; past the answers' rate limit). `mtu` is what the
+ * client may send. */
 static __always_inline int too_big(struct pkt *p, __u32 mtu)
 {
 	if (p->icmp || !p->df)
 		return count(LB_DROP_OVERSIZE, XDP_DROP);
+	if (mtu < (p->family == LB_FAMILY_V4 ? LB_MIN_MTU4 : LB_MIN_MTU6))
+		return count(LB_DROP_TOO_BIG_BELOW_MIN, XDP_DROP);
+	if (!too_big_allowed())
+		return count(LB_DROP_TOO_BIG_LIMITED, XDP_DROP);
 	if (p->family == LB_FAMILY_V4)
 		return too_big4(p, mtu);
 	return too_big6(p, mtu);

@@ -216,6 +216,10 @@ enum lb_stat {
 				* (also counted as forwarded traffic of the backend) */
 	LB_CT_PENDING,         /* a flow's first packet was recorded in flow_pending */
 	LB_CT_EVICTED,         /* an established flow was forgotten to make room for another */
+	LB_DROP_TOO_BIG_LIMITED,   /* too long once encapsulated, past the rate limit of too-big
+				    * answers (icmp.h): dropped, not answered */
+	LB_DROP_TOO_BIG_BELOW_MIN, /* too long once encapsulated, and the MTU to advertise is below
+				    * the protocol's minimum (68 IPv4, 1280 IPv6): dropped */
 	LB_STAT_MAX,
 };
 
@@ -228,6 +232,8 @@ enum lb_decap_stat {
 			       * allow-list (`lb decap --allow-from`): dropped */
 	LB_DECAP_NOT_LOCAL,  /* encapsulated, from an allowed source, but the inner packet is for an
 			      * address this host does not have: dropped, never routed on */
+	LB_DECAP_CE_NOT_ECT, /* the outer header marked CE (congestion) and the inner packet's
+			      * sender does not do ECN (Not-ECT): dropped, as RFC 6040 says */
 	LB_DECAP_STAT_MAX,
 };
 

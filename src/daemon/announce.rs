@@ -5,11 +5,18 @@
 //! Order matters: VIPs are added only once the program is attached and serving them, and
 //! withdrawn before it stops (once a VIP is a local address with no XDP program in front, this
 //! host's kernel would answer its TCP packets with resets).
+//!
+//! Every address lb adds is marked as lb's (IFA_PROTO, `ip -d addr` shows `proto 76`), and at
+//! start, before anything is attached, lb withdraws the marked addresses that the pool no longer
+//! has: a VIP removed while lb was stopped (`--pin`, `kill -9`, an upgrade) would otherwise stay
+//! on DEV and BGP keep attracting its traffic. Only marked addresses: DEV is often shared
+//! (`--announce lo`), and the operator's own addresses on it are not lb's to remove. A kernel
+//! older than 6.1 keeps no marks; there lb cannot tell its leftovers and withdraws none.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use lb::config::Pool;
 use lb::dataplane::netlink;
@@ -39,7 +46,7 @@ impl Announcer {
             Ok(i) => i,
             Err(_) => {
                 nl.link_add_dummy(name).map_err(|e| {
-                    anyhow::anyhow!(
+                    anyhow!(
                         "--announce {name}: no such interface, and this kernel cannot create a dummy device ({e}); \
                          give an existing interface that is not {attached} (an ifb device works: ip link add {name} type ifb)"
                     )
@@ -50,6 +57,30 @@ impl Announcer {
         };
         nl.link_set_up(ifindex).with_context(|| format!("bringing {name} up"))?;
         Ok(Announcer { name: name.to_string(), ifindex, held: BTreeSet::new() })
+    }
+
+    /// Withdraws what an earlier run announced on DEV that `vips` (the pool about to be served)
+    /// lacks, and takes the rest as held. Called before the pool is attached, so no address
+    /// outlives its VIP. A delete that fails is a warning: the VIP stays announced, which is
+    /// what happened before lb withdrew leftovers at all, and serving must not wait for it.
+    pub(super) fn withdraw_leftovers(&mut self, nl: &mut netlink::Socket, vips: &BTreeSet<IpAddr>) {
+        let marked = match nl.addrs_marked(self.ifindex, netlink::ADDR_PROTO_LB) {
+            Ok(m) => m,
+            Err(e) => {
+                log(format!("warning: could not read the addresses of {} to withdraw an earlier run's VIPs: {e}", self.name));
+                return;
+            }
+        };
+        for v in marked {
+            if vips.contains(&v) {
+                self.held.insert(v);
+                continue;
+            }
+            match nl.addr_del(self.ifindex, v) {
+                Ok(()) => log(format!("withdraw: {v} from {} (announced by an earlier run; the pool no longer has it)", self.name)),
+                Err(e) => log(format!("warning: could not withdraw {v} from {} (announced by an earlier run; the pool no longer has it): {e}", self.name)),
+            }
+        }
     }
 
     /// Makes `vips` exactly the VIPs announced: adds the missing ones, removes the others.

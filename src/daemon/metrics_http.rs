@@ -1,11 +1,13 @@
 //! `lb attach --metrics ADDR:PORT`: Prometheus metrics at `/metrics` and a status page at `/`,
-//! served from a thread of their own. A scrape reads the per-CPU counters from the data plane's
+//! served from threads of their own: one accepts, one per connection (at most
+//! [`http::MAX_CONNECTIONS`], each with a deadline to send its request and one to take its answer:
+//! see http.rs), one samples the counters for the page's rates. A scrape reads the per-CPU counters from the data plane's
 //! maps at that moment (through descriptors of its own) and the model the serve loop publishes
 //! after every change ([`Publisher`]); it never waits on the serve loop, and the packet path pays
 //! nothing.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,7 @@ use lb::health::HealthMap;
 use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
 use lb::stats::Snapshot;
 
+use super::http::{self, Answer, Request};
 use crate::plane::{flow_table_slots, Counters, Plane};
 
 /// How often the status page's traffic rates are sampled.
@@ -121,7 +124,7 @@ impl prometheus_client::collector::Collector for Scrape {
 
 /// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
 pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Metrics> {
-    let server = tiny_http::Server::http(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
+    let listener = TcpListener::bind(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
     let model = Arc::new(Mutex::new(model));
     let m = Metrics {
         model: model.clone(),
@@ -141,9 +144,15 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
     registry.register("lb_health_probe_duration_seconds", "Health probe latency by service", m.probe_latency.clone());
     let plane = Arc::new(Scrape { maps, model, flows: Mutex::new((None, None)) });
     registry.register_collector(Box::new(plane.clone()));
+    let site = Arc::new(Site { registry: Mutex::new(registry), plane, samples: Mutex::new((None, None)) });
+    let sampler = site.clone();
+    std::thread::Builder::new()
+        .name("lb-metrics-sample".to_string())
+        .spawn(move || sampler.sample_forever())
+        .context("starting the metrics thread")?;
     std::thread::Builder::new()
         .name("lb-metrics".to_string())
-        .spawn(move || serve(server, registry, plane))
+        .spawn(move || http::serve(listener, Arc::new(move |req: &Request| site.answer(req))))
         .context("starting the metrics thread")?;
     Ok(m)
 }
@@ -151,38 +160,50 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
 /// A counter snapshot and when it was taken.
 type Sample = Option<(Instant, Snapshot)>;
 
-fn serve(server: tiny_http::Server, registry: Registry, plane: Arc<Scrape>) {
-    // The last two samples: the page's rates are over the interval between them.
-    let mut samples: (Sample, Sample) = (None, None);
-    let mut next_sample = Instant::now();
-    loop {
-        if Instant::now() >= next_sample {
-            next_sample = Instant::now() + SAMPLE;
-            if let Ok(s) = plane.maps.snapshot(&plane.model()) {
-                samples = (samples.1.take(), Some((Instant::now(), s)));
+/// What every connection answers from.
+struct Site {
+    /// Behind a lock so that one scrape is encoded at a time: however many clients ask at once,
+    /// reading the per-CPU maps costs at most one core.
+    registry: Mutex<Registry>,
+    plane: Arc<Scrape>,
+    /// The last two samples: the status page's rates are over the interval between them.
+    samples: Mutex<(Sample, Sample)>,
+}
+
+impl Site {
+    fn sample_forever(&self) {
+        loop {
+            if let Ok(s) = self.plane.maps.snapshot(&self.plane.model()) {
+                if let Ok(mut samples) = self.samples.lock() {
+                    *samples = (samples.1.take(), Some((Instant::now(), s)));
+                }
             }
+            std::thread::sleep(SAMPLE);
         }
-        let req = match server.recv_timeout(Duration::from_millis(500)) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(_) => return,
-        };
-        let response = match (req.method(), req.url().split('?').next().unwrap_or("")) {
-            (tiny_http::Method::Get, "/metrics") => {
-                let open = req.headers().iter().any(|h| h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text"));
+    }
+
+    /// The answer to one request: status, content type, body.
+    fn answer(&self, req: &Request) -> Answer {
+        match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/metrics") => {
+                let open = req.accept.contains("application/openmetrics-text");
                 let mut body = String::new();
+                let Ok(registry) = self.registry.lock() else {
+                    return (500, "text/plain; charset=utf-8", "reading the counters failed\n".to_string());
+                };
                 let (encoded, ctype) = if open {
                     (prometheus_client::encoding::text::encode(&mut body, &registry), "application/openmetrics-text; version=1.0.0; charset=utf-8")
                 } else {
                     (prometheus_client::encoding::prometheus_text::encode(&mut body, &registry), "text/plain; version=0.0.4; charset=utf-8")
                 };
                 match encoded {
-                    Ok(()) => text(body, 200, ctype),
-                    Err(_) => text("reading the counters failed\n".to_string(), 500, "text/plain; charset=utf-8"),
+                    Ok(()) => (200, ctype, body),
+                    Err(_) => (500, "text/plain; charset=utf-8", "reading the counters failed\n".to_string()),
                 }
             }
-            (tiny_http::Method::Get, "/") => {
-                let model = plane.model();
+            ("GET", "/") => {
+                let model = self.plane.model();
+                let samples = self.samples.lock().map(|s| s.clone()).unwrap_or((None, None));
                 let page = match (&samples.0, &samples.1) {
                     (Some((t0, a)), Some((t1, b))) => {
                         let secs = (*t1 - *t0).as_secs_f64();
@@ -191,20 +212,11 @@ fn serve(server: tiny_http::Server, registry: Registry, plane: Arc<Scrape>) {
                     (_, Some((_, b))) => status_page(&model, b, &[], 0.0),
                     _ => status_page(&model, &Snapshot::default(), &[], 0.0),
                 };
-                text(page, 200, "text/html; charset=utf-8")
+                (200, "text/html; charset=utf-8", page)
             }
-            _ => text("not found\n".to_string(), 404, "text/plain; charset=utf-8"),
-        };
-        let _ = req.respond(response);
+            _ => (404, "text/plain; charset=utf-8", "not found\n".to_string()),
+        }
     }
-}
-
-fn text(body: String, status: u16, ctype: &str) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let mut r = tiny_http::Response::from_string(body).with_status_code(status);
-    if let Ok(h) = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()) {
-        r = r.with_header(h);
-    }
-    r
 }
 
 /// What the serve loop tells the metrics thread, whether or not `--metrics` was given, with what

@@ -19,7 +19,8 @@
 //! - health.rs, probe.rs: when to probe, the probes' threads, the pool with health applied.
 //! - announce.rs: the VIPs as host addresses of the --announce device.
 //! - pinning.rs: --pin: lock, adopt, pin, leave the data plane behind.
-//! - metrics_http.rs: the --metrics thread and what the loop publishes to it.
+//! - metrics_http.rs: the --metrics thread and what the loop publishes to it; http.rs: the
+//!   small HTTP/1 server it answers through (deadlines, a bound on connections).
 //! - watch.rs: the pool file's inotify watches and the debounce.
 //! - stats.rs: --stats-interval's counters on stdout.
 //! - describe.rs: phrases several log lines share.
@@ -34,6 +35,7 @@ mod announce;
 mod describe;
 mod encap;
 mod health;
+mod http;
 mod metrics_http;
 mod neighbours;
 mod pinning;

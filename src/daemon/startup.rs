@@ -55,6 +55,10 @@ struct Checked {
 /// Starts serving `pool`; None when a stop signal came before anything was attached.
 pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> Result<Option<Started<'a>>> {
     let Checked { started_ms, ifc, pinning, found, mut nl, via, sources, mut announcer } = check(settings, &pool, content)?;
+    if let Some(a) = announcer.as_mut() {
+        // Before anything serves the new pool: a VIP it lacks must not stay announced.
+        a.withdraw_leftovers(&mut nl, &vips_of(&pool));
+    }
     let signals = block_signals()?;
     // Subscribe before the first dump, so that no change falls between the two.
     let mut events = netlink::Socket::neighbour_events().context("subscribing to neighbour changes")?;

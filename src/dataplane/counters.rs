@@ -134,7 +134,7 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
 }
 
 /// Counter names and their enum lb_stat values, in the data plane's order.
-fn drop_counters() -> [(&'static str, types::lb_stat); 8] {
+fn drop_counters() -> [(&'static str, types::lb_stat); 10] {
     use types::lb_stat as S;
     [
         ("malformed", S::LB_DROP_MALFORMED),
@@ -145,6 +145,8 @@ fn drop_counters() -> [(&'static str, types::lb_stat); 8] {
         ("too_big", S::LB_STAT_TOO_BIG),
         ("oversize", S::LB_DROP_OVERSIZE),
         ("encap", S::LB_DROP_ENCAP),
+        ("too_big_limited", S::LB_DROP_TOO_BIG_LIMITED),
+        ("too_big_below_min", S::LB_DROP_TOO_BIG_BELOW_MIN),
     ]
 }
 

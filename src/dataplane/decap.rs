@@ -34,6 +34,9 @@ pub struct DecapCounters {
     /// Encapsulated packets from an allowed source whose inner destination is not an address
     /// of this host: dropped.
     pub not_local: u64,
+    /// Encapsulated packets whose outer header was marked CE (congestion) while the inner
+    /// packet's sender does not do ECN: dropped, as RFC 6040 says.
+    pub ce_not_ect: u64,
 }
 
 /// Every address of either family: what `lb decap --allow-any` allows.
@@ -116,6 +119,7 @@ impl Decap {
             malformed: read(S::LB_DECAP_MALFORMED)?,
             not_allowed: read(S::LB_DECAP_NOT_ALLOWED)?,
             not_local: read(S::LB_DECAP_NOT_LOCAL)?,
+            ce_not_ect: read(S::LB_DECAP_CE_NOT_ECT)?,
         })
     }
 

@@ -183,14 +183,22 @@ pub fn recorded_mac(src: &dyn MapSource, id: u32) -> Result<Option<[u8; 6]>> {
 
 impl Dataplane {
     /// Takes over what this plane's (adopted) maps say beyond `live`: the counter generation of
-    /// every backend id up to the highest in use, and the MACs the backend records hold, which
-    /// stand until the neighbour table says otherwise.
+    /// every backend id, and the MACs the backend records hold, which stand until the neighbour
+    /// table says otherwise.
+    ///
+    /// Every id's generation, not only those up to the highest in use: an id above it was
+    /// retired by an earlier controller, and the flow table may still hold entries of its last
+    /// owner. Reissued from generation 0, it would count up to the one those entries carry and
+    /// make them usable again, sending their flows to a backend they never had.
     pub(crate) fn recall(&mut self, live: &plan::LiveMaps) -> Result<()> {
-        let highest = live.backends.iter().map(|b| b.0).max().unwrap_or(0);
         let max_id = self.sizes()?.backends - 1;
-        for id in 1..=max_id.min(highest) {
+        for id in 1..=max_id {
+            // An id never issued reads 0, which is what a missing entry means here too.
             if let Some(v) = self.skel.maps.backend_gen.lookup(&id.to_ne_bytes(), MapFlags::ANY)? {
-                self.gens.insert(id, value_of::<u32>(&v));
+                let gen = value_of::<u32>(&v);
+                if gen != 0 {
+                    self.gens.insert(id, gen);
+                }
             }
         }
         for (id, address, ..) in &live.backends {

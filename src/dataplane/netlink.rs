@@ -28,6 +28,11 @@ const NLM_F_CREATE: u16 = 0x400;
 
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
+/// Who added an address (Linux 6.1+); older kernels ignore it and never report it.
+const IFA_PROTO: u16 = 11;
+/// lb's mark on the addresses it adds (`ip -d addr` shows `proto 76`); the kernel's own marks
+/// are 1 to 3, and nothing else is known to use this one.
+pub const ADDR_PROTO_LB: u8 = 76;
 /// ifa_flags: no duplicate address detection (an IPv6 VIP is usable at once).
 const IFA_F_NODAD: u8 = 0x02;
 const IFLA_IFNAME: u16 = 3;
@@ -38,6 +43,7 @@ const IFF_UP: u32 = 1;
 const RTM_NEWLINK: u16 = 16;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
+const RTM_GETADDR: u16 = 22;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
@@ -177,10 +183,11 @@ impl Socket {
         route.ok_or_else(|| io::Error::other("the kernel answered without a route"))
     }
 
-    /// Adds `addr` as a host address (/32 or /128) of `ifindex`; one that is there already is
-    /// fine (the request replaces it).
+    /// Adds `addr` as a host address (/32 or /128) of `ifindex`, marked as lb's
+    /// ([`ADDR_PROTO_LB`]); one that is there already is fine (the request replaces it).
     pub fn addr_add(&mut self, ifindex: u32, addr: IpAddr) -> io::Result<()> {
-        let body = ifaddr(ifindex, addr);
+        let mut body = ifaddr(ifindex, addr);
+        push_attr(&mut body, IFA_PROTO, &[ADDR_PROTO_LB]);
         self.request(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, &body, |_, _| {})
     }
 
@@ -191,6 +198,23 @@ impl Socket {
             Err(e) if matches!(e.raw_os_error(), Some(c) if c == Errno::EADDRNOTAVAIL as i32 || c == Errno::ENOENT as i32) => Ok(()),
             r => r,
         }
+    }
+
+    /// The addresses of `ifindex` marked with `proto` (IFA_PROTO), both families. A kernel
+    /// older than 6.1 reports no marks, so the answer there is empty.
+    pub fn addrs_marked(&mut self, ifindex: u32, proto: u8) -> io::Result<Vec<IpAddr>> {
+        let mut out = Vec::new();
+        // struct ifaddrmsg: family (any), prefix length, flags, scope, index.
+        let mut body = vec![0u8; 8];
+        body[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+        self.request(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, &body, |ty, payload| {
+            if let Some((index, a, p)) = parse_addr(ty, payload) {
+                if index == ifindex && p == Some(proto) {
+                    out.push(a);
+                }
+            }
+        })?;
+        Ok(out)
     }
 
     /// `ip link add NAME type dummy`.
@@ -320,6 +344,25 @@ fn ifaddr(ifindex: u32, addr: IpAddr) -> Vec<u8> {
     body
 }
 
+/// An RTM_NEWADDR message: (interface index, address, IFA_PROTO if reported).
+fn parse_addr(ty: u16, payload: &[u8]) -> Option<(u32, IpAddr, Option<u8>)> {
+    if ty != RTM_NEWADDR || payload.len() < 8 {
+        return None;
+    }
+    let (family, index) = (payload[0], u32::from_ne_bytes([payload[4], payload[5], payload[6], payload[7]]));
+    let (mut local, mut address, mut proto) = (None, None, None);
+    for (at, data) in attrs(&payload[8..]) {
+        match at {
+            IFA_LOCAL => local = addr_of(family, data),
+            IFA_ADDRESS => address = addr_of(family, data),
+            IFA_PROTO => proto = data.first().copied(),
+            _ => {}
+        }
+    }
+    // IFA_LOCAL is the address itself; IFA_ADDRESS is the peer's on point-to-point links.
+    Some((index, local.or(address)?, proto))
+}
+
 fn family_bytes(addr: IpAddr) -> (u8, Vec<u8>) {
     match addr {
         IpAddr::V4(a) => (AF_INET, a.octets().to_vec()),
@@ -446,6 +489,17 @@ mod tests {
             push_attr(&mut p, NDA_LLADDR, &m);
         }
         p
+    }
+
+    #[test]
+    fn address_messages_give_the_address_and_who_added_it() {
+        let mut marked = ifaddr(7, "10.77.0.100".parse().expect("addr"));
+        push_attr(&mut marked, IFA_PROTO, &[ADDR_PROTO_LB]);
+        assert_eq!(parse_addr(RTM_NEWADDR, &marked), Some((7, "10.77.0.100".parse().expect("addr"), Some(ADDR_PROTO_LB))));
+        let plain = ifaddr(7, "fd00::1".parse().expect("addr"));
+        assert_eq!(parse_addr(RTM_NEWADDR, &plain), Some((7, "fd00::1".parse().expect("addr"), None)));
+        assert_eq!(parse_addr(RTM_NEWNEIGH, &plain), None);
+        assert_eq!(parse_addr(RTM_NEWADDR, &plain[..6]), None);
     }
 
     #[test]
