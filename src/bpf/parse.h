@@ -20,6 +20,19 @@
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
+/* IPv6 extension headers lb walks (RFC 8200 section 4), and the others it knows by number so
+ * that it never mistakes one for an upper-layer protocol. */
+#define IPV6_HOPOPTS 0
+#define IPV6_ROUTING 43
+#define IPV6_FRAGMENT 44
+#define IPV6_DSTOPTS 60
+#define IPV6_AH 51
+#define IPV6_NONXT 59
+#define IPV6_MOBILITY 135
+#define IPV6_HIP 139
+#define IPV6_SHIM6 140
+/* At most this many extension headers are walked before the upper-layer header. */
+#define LB_IPV6_EXT_MAX 4
 
 struct cursor {
 	void *pos;
@@ -45,13 +58,16 @@ enum l4 {
 };
 
 /* The ports of a TCP or UDP header, as the packet's bytes (network order), in one word:
- * source port in the low half, destination port in the high half (memory order). */
-static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags)
+ * source port in the low half, destination port in the high half (memory order). `left`: the
+ * bytes of the IP datagram from the cursor on, by its own length fields. The header must lie
+ * inside the datagram, not merely inside the frame: Ethernet padding behind a short datagram
+ * is not part of it and never supplies ports. */
+static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags, __u32 left)
 {
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = take(c, sizeof(*th));
 
-		if (!th || th->doff < 5)
+		if (!th || th->doff < 5 || left < sizeof(*th))
 			return L4_MALFORMED;
 		*ports = *(__u32 *)th;
 		*tcp_flags = ((__u8 *)th)[13];
@@ -60,13 +76,25 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 	if (proto == IPPROTO_UDP) {
 		struct udphdr *uh = take(c, sizeof(*uh));
 
-		if (!uh)
+		if (!uh || left < sizeof(*uh))
 			return L4_MALFORMED;
 		*ports = *(__u32 *)uh;
 		return L4_PORTS;
 	}
 	return L4_OTHER;
 }
+
+/* What every fragment of one datagram carries: its key in frag.h's frag_routes. IPv4
+ * addresses in src[0] and dst[0], the rest zero; IPv4's 16-bit identification in the low half
+ * of `id` (as read from the packet). */
+struct lb_frag_key {
+	__be32 src[4];
+	__be32 dst[4];
+	__be32 id;
+	__u8 proto;  /* the upper-layer protocol: IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family; /* enum lb_family */
+	__u8 pad[2];
+};
 
 /* What the forwarding steps need to know of a packet once it is parsed. */
 struct pkt {
@@ -80,6 +108,12 @@ struct pkt {
 	__u8 tos;     /* IPv4 TOS or IPv6 traffic class: copied to an outer header */
 	__u8 df;      /* IPv4: don't-fragment is set; IPv6: always 1 (routers never fragment it) */
 	__u8 icmp;    /* an ICMP error being routed: never answered with another ICMP error */
+	__u8 refuse;  /* 0, or the enum lb_stat drop reason of a frame lb never balances (not
+		       * unicast to it, or from another VLAN): counted once it is for a service */
+	__be16 dport; /* a first fragment's destination port */
+	/* A first fragment's datagram (on the handler's stack): send() records the backend it
+	 * goes to there for the later fragments (frag.h). NULL for every other packet. */
+	const struct lb_frag_key *frag;
 };
 
 #endif /* LB_PARSE_H */
