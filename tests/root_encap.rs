@@ -180,8 +180,8 @@ fn root_encapsulation_writes_exact_outer_headers_for_every_family_pair() {
     assert_eq!(csum(&out[14..34]), 0, "outer IPv4 header checksum verifies");
     assert_eq!(&out[34..], &f[14..], "inner packet byte for byte");
 
-    // 802.1Q tag kept in front of the outer header.
-    let f = ipv4(Some(42), c4, v4("10.99.0.100"), L4::syn(40001, 80), &df(), b"tagged");
+    // A priority tag (802.1Q, VLAN 0: the untagged segment) kept in front of the outer header.
+    let f = ipv4(Some(0), c4, v4("10.99.0.100"), L4::syn(40001, 80), &df(), b"tagged");
     let h = hash_of(&pool, "ipip4", c4.into(), 40001, 6);
     let to = predict(&pool, "ipip4", c4.into(), 40001, 6);
     assert_tx(&dp, "tagged IPv4 in IPv4", &f, &encapsulated(&f, 18, to, Outer::Ipip, h, 0));

@@ -368,6 +368,17 @@ int lb_xdp(struct xdp_md *ctx)
 			p.refuse = LB_DROP_VLAN;
 		proto = vh->h_vlan_encapsulated_proto;
 		p.l2len += sizeof(*vh);
+		/* A second tag (802.1ad in front of 802.1Q): never lb's segment, whatever its ids,
+		 * but parsed, so that a packet for a service in it is dropped rather than passed. */
+		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+			vh = take(&c, sizeof(*vh));
+			if (!vh)
+				return count(LB_DROP_MALFORMED, XDP_DROP);
+			if (!p.refuse)
+				p.refuse = LB_DROP_VLAN;
+			proto = vh->h_vlan_encapsulated_proto;
+			p.l2len += sizeof(*vh);
+		}
 	}
 	if (proto == bpf_htons(ETH_P_IP))
 		return handle_ipv4(&c, &p);
