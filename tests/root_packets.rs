@@ -89,14 +89,22 @@ fn drop(description: &'static str, input: Vec<u8>, counter: types::lb_stat) -> F
     Fixture { description, output: input.clone(), input, action: XDP_DROP, counter: Counter::Stat(counter) }
 }
 
+/// Runs every fixture, then fails listing each one that went wrong (not only the first).
 fn run_fixtures(dp: &Balancer, fixtures: &[Fixture]) {
+    let mut wrong = Vec::new();
     for f in fixtures {
         let before = counter(dp, f.counter);
         let (action, out) = dp.test_run(&f.input).expect("test_run");
-        assert_eq!(action, f.action, "{}: action", f.description);
-        assert_eq!(out, f.output, "{}: output frame", f.description);
-        assert_eq!(counter(dp, f.counter) - before, 1, "{}: counted once as {:?}", f.description, f.counter);
+        let counted = counter(dp, f.counter) - before;
+        if action != f.action {
+            wrong.push(format!("{}: action {action}, expected {}", f.description, f.action));
+        } else if out != f.output {
+            wrong.push(format!("{}: output frame {out:02x?}, expected {:02x?}", f.description, f.output));
+        } else if counted != 1 {
+            wrong.push(format!("{}: counted {counted} times as {:?}", f.description, f.counter));
+        }
     }
+    assert!(wrong.is_empty(), "{} of {} fixtures wrong:\n{}", wrong.len(), fixtures.len(), wrong.join("\n"));
 }
 
 #[test]
