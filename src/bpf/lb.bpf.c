@@ -215,13 +215,6 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	return forward(p, svc);
 }
 
-/* Whether `nh` names an IPv6 extension header (rather than an upper-layer protocol). */
-static __always_inline int ipv6_ext(__u8 nh)
-{
-	return nh == IPV6_HOPOPTS || nh == IPV6_ROUTING || nh == IPV6_FRAGMENT || nh == IPV6_DSTOPTS ||
-	       nh == IPV6_AH || nh == IPV6_MOBILITY || nh == IPV6_HIP || nh == IPV6_SHIM6;
-}
-
 /* IPv6: the fixed header, then up to LB_IPV6_EXT_MAX extension headers (hop-by-hop,
  * destination options, routing, fragment), then TCP, UDP or ICMPv6. A packet whose upper layer
  * lb cannot reach or must not balance (a routing header of type 0, or with segments left: the
@@ -232,9 +225,9 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	struct ipv6hdr *ip6 = take(c, sizeof(*ip6));
 	const struct lb_service *svc;
 	__u32 ports = 0, dst[4], left;
-	__u8 tcp_flags = 0, nh, frag = 0, odd = 0;
+	__u8 tcp_flags = 0, nh;
 	struct lb_frag_key k;
-	__be32 id = 0;
+	struct ipv6_ext x;
 	__u64 l[5], h = 0;
 	enum l4 l4;
 
@@ -247,63 +240,24 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	p->l3len = sizeof(*ip6) + left;
 	p->tos = bpf_ntohl(*(__be32 *)ip6) >> 20;
 	p->df = 1;
-	nh = ip6->nexthdr;
-	/* frag: 0 none (or an atomic fragment), 1 a first fragment, 2 a later one. */
-#pragma unroll
-	for (int i = 0; i < LB_IPV6_EXT_MAX; i++) {
-		if (nh == IPV6_HOPOPTS || nh == IPV6_DSTOPTS || nh == IPV6_ROUTING) {
-			__u8 *o = take(c, 8);
-			__u32 len;
-
-			if (!o)
-				return count(LB_DROP_MALFORMED, XDP_DROP);
-			len = ((__u32)o[1] + 1) * 8;
-			if (len > left || (len > 8 && !take(c, len - 8)))
-				return count(LB_DROP_MALFORMED, XDP_DROP);
-			/* Type 0 is deprecated (RFC 5095); segments left: not the final destination.
-			 * Hop-by-hop options only ever come first. */
-			if ((nh == IPV6_ROUTING && (o[2] == 0 || o[3] != 0)) || (nh == IPV6_HOPOPTS && i != 0))
-				odd = 1;
-			left -= len;
-			nh = o[0];
-			continue;
-		}
-		if (nh == IPV6_FRAGMENT) {
-			__u8 *o = take(c, 8);
-			__u16 off;
-
-			if (!o || left < 8)
-				return count(LB_DROP_MALFORMED, XDP_DROP);
-			left -= 8;
-			nh = o[0];
-			off = bpf_ntohs(*(__be16 *)(o + 2));
-			if (frag)
-				odd = 1;
-			id = *(__be32 *)(o + 4);
-			if (off & 0xfff8) {
-				/* A later fragment: what follows is the middle of a datagram. */
-				frag = 2;
-				break;
-			}
-			if (off & 1)
-				frag = 1;
-			continue;
-		}
-		break;
-	}
+	x = parse_ipv6_ext(c, ip6->nexthdr, left);
+	if (x.malformed)
+		return count(LB_DROP_MALFORMED, XDP_DROP);
+	nh = x.nh;
+	left = x.left;
 	__builtin_memcpy(dst, &ip6->daddr, 16);
-	if (odd || ipv6_ext(nh)) {
+	if (x.odd || ipv6_ext(nh)) {
 		if (!has_services(dst, LB_FAMILY_V6))
 			return count(LB_STAT_PASSED, XDP_PASS);
 		return count(p->refuse ? p->refuse : LB_DROP_EXT_HEADER, XDP_DROP);
 	}
-	if (nh == IPPROTO_ICMPV6_ && frag == 0)
+	if (nh == IPPROTO_ICMPV6_ && x.frag == 0)
 		return handle_icmp6(c, p, &ip6->daddr);
 	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
 		return count(LB_STAT_PASSED, XDP_PASS);
 	__builtin_memcpy(l, &ip6->saddr, 32); /* source, then destination: lanes 0-3 */
-	if (frag == 2) {
-		frag_key(&k, &ip6->saddr, dst, id, nh, LB_FAMILY_V6);
+	if (x.frag == 2) {
+		frag_key(&k, &ip6->saddr, dst, x.id, nh, LB_FAMILY_V6);
 		return later_fragment(p, &k, hash16(l[0], l[1]));
 	}
 	l4 = parse_ports(c, nh, &ports, &tcp_flags, left);
@@ -316,8 +270,8 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 		return count(LB_STAT_PASSED, XDP_PASS);
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
-	if (frag == 1) {
-		frag_key(&k, &ip6->saddr, dst, id, nh, LB_FAMILY_V6);
+	if (x.frag == 1) {
+		frag_key(&k, &ip6->saddr, dst, x.id, nh, LB_FAMILY_V6);
 		p->frag = &k;
 		p->dport = ports >> 16;
 	}

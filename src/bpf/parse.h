@@ -84,6 +84,79 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 	return L4_OTHER;
 }
 
+/* Whether `nh` names an IPv6 extension header (rather than an upper-layer protocol). */
+static __always_inline int ipv6_ext(__u8 nh)
+{
+	return nh == IPV6_HOPOPTS || nh == IPV6_ROUTING || nh == IPV6_FRAGMENT || nh == IPV6_DSTOPTS ||
+	       nh == IPV6_AH || nh == IPV6_MOBILITY || nh == IPV6_HIP || nh == IPV6_SHIM6;
+}
+
+/* What parse_ipv6_ext() found behind an IPv6 header. */
+struct ipv6_ext {
+	__u32 left;     /* bytes of the payload from the cursor on */
+	__be32 id;      /* a fragment header's identification */
+	__u8 nh;        /* the next header after the last one walked */
+	__u8 frag;      /* 0: no fragment header (or an atomic fragment), 1: a first fragment,
+			 * 2: a later one (the cursor is then in the middle of the datagram) */
+	__u8 odd;       /* headers lb must not balance behind (see handle_ipv6()) */
+	__u8 malformed; /* a header cut short or longer than the payload */
+};
+
+/* Walks up to LB_IPV6_EXT_MAX extension headers from `nh` (hop-by-hop, destination options,
+ * routing, fragment), `left` bytes of payload from the cursor on. Each header is bounded by the
+ * frame (take()) and by the payload length. Stops at anything else, or after a later
+ * fragment's header. */
+static __always_inline struct ipv6_ext parse_ipv6_ext(struct cursor *c, __u8 nh, __u32 left)
+{
+	struct ipv6_ext x = { .nh = nh, .left = left };
+
+#pragma unroll
+	for (int i = 0; i < LB_IPV6_EXT_MAX; i++) {
+		if (x.nh == IPV6_HOPOPTS || x.nh == IPV6_DSTOPTS || x.nh == IPV6_ROUTING) {
+			__u8 *o = take(c, 8);
+			__u32 len;
+
+			if (!o)
+				goto malformed;
+			len = ((__u32)o[1] + 1) * 8;
+			if (len > x.left || (len > 8 && !take(c, len - 8)))
+				goto malformed;
+			/* Type 0 is deprecated (RFC 5095); segments left: not the final destination.
+			 * Hop-by-hop options only ever come first. */
+			if ((x.nh == IPV6_ROUTING && (o[2] == 0 || o[3] != 0)) || (x.nh == IPV6_HOPOPTS && i != 0))
+				x.odd = 1;
+			x.left -= len;
+			x.nh = o[0];
+			continue;
+		}
+		if (x.nh == IPV6_FRAGMENT) {
+			__u8 *o = take(c, 8);
+			__u16 off;
+
+			if (!o || x.left < 8)
+				goto malformed;
+			x.left -= 8;
+			x.nh = o[0];
+			off = bpf_ntohs(*(__be16 *)(o + 2));
+			if (x.frag)
+				x.odd = 1; /* two fragment headers */
+			x.id = *(__be32 *)(o + 4);
+			if (off & 0xfff8) {
+				x.frag = 2;
+				break;
+			}
+			if (off & 1)
+				x.frag = 1;
+			continue;
+		}
+		break;
+	}
+	return x;
+malformed:
+	x.malformed = 1;
+	return x;
+}
+
 /* What every fragment of one datagram carries: its key in frag.h's frag_routes. IPv4
  * addresses in src[0] and dst[0], the rest zero; IPv4's 16-bit identification in the low half
  * of `id` (as read from the packet). */
