@@ -95,8 +95,11 @@ fn main() -> anyhow::Result<()> {
     let pool = parse_str("bench.yaml", POOL)?;
     let mut dp = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY)?;
     dp.set_encap_sources(Some(("10.99.0.2".parse()?, 32)), None)?;
+    // Every backend and next hop has the interface's own MAC: `repeat` runs every repeat on one
+    // buffer, and lb balances only frames sent to its MAC, so the frame it forwards must still be
+    // addressed to it at the next repeat (a real frame arrives fresh).
     dp.install(&pool, [0x02, 0, 0, 0, 0, 1], &|a| match a {
-        std::net::IpAddr::V4(v4) => Some([0x02, 0xbb, 0, 0, 0, v4.octets()[3]]),
+        std::net::IpAddr::V4(_) => Some([0x02, 0, 0, 0, 0, 1]),
         std::net::IpAddr::V6(_) => None,
     })?;
     let mut floor_obj = MaybeUninit::uninit();

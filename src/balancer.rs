@@ -267,6 +267,8 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
         icmp_forwarded: counters.icmp_forwarded,
         drops: counters.drops,
         conntrack: counters.conntrack,
+        other_host: counters.other_host,
+        fragments: counters.fragments,
         flows: counters::flow_entries(maps)?,
         flow_capacity: sizes.flows,
         ..Default::default()

@@ -63,7 +63,7 @@ impl ServiceModel {
 }
 
 /// The drop reasons and their help, for the metric's documentation.
-pub const DROP_REASONS: [(&str, &str); 10] = [
+pub const DROP_REASONS: [(&str, &str); 13] = [
     ("malformed", "a header cut short or inconsistent"),
     ("no_backend", "the slot is empty"),
     ("no_mac", "the backend's (or next hop's) MAC is not resolved"),
@@ -74,6 +74,9 @@ pub const DROP_REASONS: [(&str, &str); 10] = [
     ("encap", "the frame could not be encapsulated"),
     ("too_big_limited", "too long once encapsulated, past the too-big answers' rate limit"),
     ("too_big_below_min", "too long once encapsulated, and the MTU left is below the protocol's minimum"),
+    ("not_unicast", "a broadcast or multicast frame for a service"),
+    ("vlan", "a frame for a service tagged with a VLAN other than 0"),
+    ("ext_header", "IPv6 for a VIP behind extension headers lb does not follow"),
 ];
 
 fn family<M: EncodeMetric>(
@@ -143,6 +146,15 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
         MetricType::Counter,
         [(Vec::new(), ConstCounter::new(snap.icmp_forwarded))],
     )?;
+    family(
+        encoder,
+        "lb_other_host_packets",
+        "Frames addressed to another host's MAC, handed to the kernel unchanged",
+        MetricType::Counter,
+        [(Vec::new(), ConstCounter::new(snap.other_host))],
+    )?;
+    let frag = snap.fragments.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
+    family(encoder, "lb_fragment_lookups", "Fragments: recorded (a first fragment's backend), followed (a later one sent there), unmatched (the fragment route decided)", MetricType::Counter, frag)?;
     let ct = snap.conntrack.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
     family(encoder, "lb_flow_table_lookups", "Flow-table outcomes: hit, miss, new (entry made), stale (entry re-hashed)", MetricType::Counter, ct)?;
     family(encoder, "lb_flow_table_capacity", "Entries the flow table holds at most", MetricType::Gauge, [(Vec::new(), ConstGauge::new(model.flow_capacity as i64))])?;
@@ -359,6 +371,8 @@ mod tests {
             drops: vec![("malformed", 3), ("no_mac", 5)],
             conntrack: vec![("hit", 9), ("miss", 1), ("new", 1), ("stale", 0)],
             icmp_forwarded: 2,
+            other_host: 6,
+            fragments: vec![("recorded", 4), ("followed", 3), ("unmatched", 1)],
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),
@@ -395,6 +409,8 @@ mod tests {
             "lb_dropped_packets_total{reason=\"too_big\"} 0",
             "lb_passed_packets_total 7",
             "lb_icmp_errors_forwarded_total 2",
+            "lb_other_host_packets_total 6",
+            "lb_fragment_lookups_total{event=\"followed\"} 3",
             "lb_flow_table_lookups_total{event=\"hit\"} 9",
             "lb_flow_table_entries 11",
             "lb_flow_table_capacity 262144",

@@ -45,6 +45,10 @@ pub struct Snapshot {
     pub conntrack: Vec<(&'static str, u64)>,
     /// ICMP errors about a service's flows sent to the flow's backend (part of `forwarded`).
     pub icmp_forwarded: u64,
+    /// Frames addressed to another host's MAC, handed to the kernel unchanged (not in `passed`).
+    pub other_host: u64,
+    /// The fragment table: recorded, followed, unmatched.
+    pub fragments: Vec<(&'static str, u64)>,
     pub services: Vec<ServiceCounters>,
 }
 
@@ -91,6 +95,10 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
         let _ = writeln!(out, "  conntrack: {}", counter_list(&now.conntrack));
     }
     let _ = writeln!(out, "  icmp: forwarded={}", now.icmp_forwarded);
+    if !now.fragments.is_empty() {
+        let _ = writeln!(out, "  fragments: {}", counter_list(&now.fragments));
+    }
+    let _ = writeln!(out, "  other hosts: passed={}", now.other_host);
     for s in &now.services {
         let ps = prev.services.iter().find(|p| p.name == s.name);
         let before = ps.map_or(0, |p| p.traffic.packets);
@@ -133,6 +141,10 @@ pub struct PlaneStatus {
     pub drops: Vec<(&'static str, u64)>,
     pub conntrack: Vec<(&'static str, u64)>,
     pub icmp_forwarded: u64,
+    /// Frames addressed to another host's MAC, passed unchanged.
+    pub other_host: u64,
+    /// The fragment table: recorded, followed, unmatched.
+    pub fragments: Vec<(&'static str, u64)>,
     /// Entries in the flow table, and its size.
     pub flows: u64,
     pub flow_capacity: u32,
@@ -177,6 +189,8 @@ impl PlaneStatus {
             "drops": counters(&self.drops),
             "conntrack": counters(&self.conntrack),
             "icmp_forwarded": self.icmp_forwarded,
+            "other_host": self.other_host,
+            "fragments": counters(&self.fragments),
             "flows": {"entries": self.flows, "capacity": self.flow_capacity},
             "services": self.services.iter().map(|s| json!({
                 "name": s.name,
@@ -208,6 +222,8 @@ impl PlaneStatus {
         let _ = writeln!(out, "  drops: {}", counter_list(&self.drops));
         let _ = writeln!(out, "  conntrack: {}", counter_list(&self.conntrack));
         let _ = writeln!(out, "  icmp: forwarded={}", self.icmp_forwarded);
+        let _ = writeln!(out, "  fragments: {}", counter_list(&self.fragments));
+        let _ = writeln!(out, "  other hosts: passed={}", self.other_host);
         let _ = writeln!(out, "  flow table: {} of {} entries", self.flows, self.flow_capacity);
         for s in &self.services {
             let _ = writeln!(
@@ -266,6 +282,8 @@ mod tests {
             drops: vec![("malformed", 2), ("no_mac", 3)],
             conntrack: vec![("hit", 9), ("miss", 1)],
             icmp_forwarded: 4,
+            other_host: 0,
+            fragments: Vec::new(),
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),

@@ -180,8 +180,8 @@ fn root_encapsulation_writes_exact_outer_headers_for_every_family_pair() {
     assert_eq!(csum(&out[14..34]), 0, "outer IPv4 header checksum verifies");
     assert_eq!(&out[34..], &f[14..], "inner packet byte for byte");
 
-    // 802.1Q tag kept in front of the outer header.
-    let f = ipv4(Some(42), c4, v4("10.99.0.100"), L4::syn(40001, 80), &df(), b"tagged");
+    // A priority tag (802.1Q, VLAN 0: the untagged segment) kept in front of the outer header.
+    let f = ipv4(Some(0), c4, v4("10.99.0.100"), L4::syn(40001, 80), &df(), b"tagged");
     let h = hash_of(&pool, "ipip4", c4.into(), 40001, 6);
     let to = predict(&pool, "ipip4", c4.into(), 40001, 6);
     assert_tx(&dp, "tagged IPv4 in IPv4", &f, &encapsulated(&f, 18, to, Outer::Ipip, h, 0));
@@ -338,7 +338,7 @@ fn root_truncated_packets_to_encapsulating_services_are_never_sent() {
     let (dp, _pool) = setup();
     let frames = [
         ipv4(None, v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(40200, 80), &df(), b"0123456789"),
-        ipv4(Some(7), v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(40201, 443), &df(), b"0123456789"),
+        ipv4(Some(0), v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(40201, 443), &df(), b"0123456789"),
         ipv6(v6("2001:db8::7"), v6("fd00::100"), L4::syn(40202, 80), None, b"0123456789"),
     ];
     for f in &frames {
@@ -499,7 +499,7 @@ fn root_decap_strips_what_lb_adds_and_passes_everything_else() {
     let c6 = v6("2001:db8::7");
     let inputs = [
         (ipv4(None, c4, v4("10.99.0.100"), L4::syn(40300, 80), &df(), b"ipip"), 14),
-        (ipv4(Some(9), c4, v4("10.99.0.100"), L4::syn(40301, 80), &df(), b"tagged"), 18),
+        (ipv4(Some(0), c4, v4("10.99.0.100"), L4::syn(40301, 80), &df(), b"tagged"), 18),
         (ipv4(None, c4, v4("10.99.0.100"), L4::syn(40302, 443), &df(), b"gue"), 14),
         (ipv6(c6, v6("fd00::100"), L4::syn(40303, 80), None, b"six"), 14),
         (ipv6(c6, v6("fd00::101"), L4::syn(40304, 80), None, b"6in4"), 14),

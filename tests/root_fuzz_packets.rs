@@ -10,15 +10,27 @@
 //! - XDP_TX: the input was addressed to a VIP, and the output is the input with new MACs (L2),
 //!   or the input's IP packet unchanged behind new outer headers (IPIP, GUE), or lb's own
 //!   "too big" answer to the input's sender;
-//! - the packet was counted exactly once: by `passed`, by one drop reason, by `too_big`, or
-//!   by a backend's forwarded counter (checked in sums every few thousand packets).
+//! - the packet was counted exactly once: by `passed`, by `other_host`, by one drop reason, by
+//!   `too_big`, or by a backend's forwarded count (checked in sums every few thousand packets);
+//! - a frame addressed to another host's unicast MAC is passed unchanged, counted `other_host`;
+//! - no TCP or UDP packet for a VIP and port with a service is ever passed to the host, in a
+//!   frame to lb's MAC or a broadcast/multicast one, tagged or not, whatever extension headers
+//!   or fragmentation it has (read by this file's own parser, not the program's);
+//! - a later fragment of a datagram whose first fragment was sent to a backend goes to that same
+//!   backend (the same MAC, and the same outer destination when encapsulated); the generator
+//!   sends trains of fragments (first, then later ones, other packets in between) for this, and
+//!   each train's later fragments must be sent;
+//! - `lb decap` (src/bpf/decap.bpf.c), fed lb's encapsulated output, the same with the outer
+//!   source rewritten (inside and outside its allow-list) and mutations of both, never unwraps a
+//!   packet whose outer source is outside its allow-list.
 //!
 //! Needs root. The suite runs a short fixed-seed run (FUZZ_PACKETS_SECONDS, default 40 s);
+//! FUZZ_PACKETS=N runs exactly N packets whatever the time (10,000,000 for the issue 22 run);
 //! `scripts/fuzz-packets.sh SECONDS [SEED]` runs longer.
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
@@ -26,6 +38,7 @@ use common::packet::*;
 use common::rng::Rng;
 use lb::config::parse_str;
 use lb::balancer::Balancer;
+use lb::dataplane::decap::Decap;
 use lb::dataplane::types;
 
 const POOL: &str = include_str!("pools/fuzz-packets.yaml");
@@ -134,8 +147,8 @@ fn valid(r: &mut Rng) -> Vec<u8> {
                 opts.frag_offset = if r.chance(50) { 0 } else { 1 + r.below(100) as u16 };
                 opts.more_fragments |= opts.frag_offset == 0;
             }
-            let vlan = r.chance(15).then(|| r.below(4096) as u16);
-            let dport = *r.pick(&PORTS);
+            let vlan = r.chance(15).then(|| if r.chance(50) { 0 } else { r.below(4096) as u16 });
+            let dport = if r.chance(3) { 0 } else { *r.pick(&PORTS) };
             let p = payload(r);
             if proto == 47 {
                 let mut f = ipv4(vlan, client4(r), dst, L4::Udp { sport: 1, dport: 2 }, &opts, &p);
@@ -148,11 +161,14 @@ fn valid(r: &mut Rng) -> Vec<u8> {
         5..=7 => {
             let dst: Ipv6Addr = if r.chance(85) { "fd99::100".parse().unwrap_or(Ipv6Addr::LOCALHOST) } else { client6(r) };
             let proto = *r.pick(&[6u8, 6, 17, 58]);
-            let next = if r.chance(10) { Some(*r.pick(&[0u8, 43, 44, 60])) } else { None };
             let p = payload(r);
-            let dport = *r.pick(&PORTS);
+            let dport = if r.chance(3) { 0 } else { *r.pick(&PORTS) };
             let l = l4(r, proto, dport);
-            ipv6(client6(r), dst, l, next, &p)
+            if r.chance(35) {
+                let exts: Vec<Ext> = (0..1 + r.below(6)).map(|_| ext(r)).collect();
+                return ipv6_ext(client6(r), dst, &exts, l, &p);
+            }
+            ipv6(client6(r), dst, l, None, &p)
         }
         8 => icmp4_error(r, "10.99.0.100".parse().unwrap_or(Ipv4Addr::LOCALHOST)),
         9 => icmp6_error(r, "fd99::100".parse().unwrap_or(Ipv6Addr::LOCALHOST)),
@@ -162,6 +178,70 @@ fn valid(r: &mut Rng) -> Vec<u8> {
             f[12..14].copy_from_slice(&(r.below(65536) as u16).to_be_bytes());
             f
         }
+    }
+}
+
+/// An IPv6 extension header of any kind lb meets.
+fn ext(r: &mut Rng) -> Ext {
+    match r.below(6) {
+        0 => Ext::HopByHop,
+        1 => Ext::DestOpts { units: r.below(4) as u8 },
+        2 => Ext::Routing { kind: *r.pick(&[0u8, 2, 4]), segments_left: *r.pick(&[0u8, 0, 1]) },
+        3 | 4 => Ext::Fragment { offset: if r.chance(50) { 0 } else { 1 + r.below(100) as u16 }, more: r.chance(60), id: r.below(4) as u32 },
+        _ => Ext::Ah,
+    }
+}
+
+/// The frame's L2 addressing and tags: mostly to lb's MAC, untagged; sometimes to another
+/// host, broadcast or multicast, or behind one or two VLAN tags.
+fn addressed(r: &mut Rng, f: Vec<u8>) -> Vec<u8> {
+    let f = match r.below(100) {
+        0..=4 => to_mac(&f, [0x02, 0, 0, 0, 0, 0x42 + r.below(2) as u8]),
+        5..=6 => to_mac(&f, [0xff; 6]),
+        7 => to_mac(&f, *r.pick(&[[0x01, 0, 0x5e, 0, 0, 1], [0x33, 0x33, 0, 0, 0, 1]])),
+        _ => f,
+    };
+    if f.len() < 14 || f[12..14] == [0x81, 0x00] {
+        return f;
+    }
+    match r.below(100) {
+        0..=3 => tagged(&f, if r.chance(50) { 0 } else { r.below(4096) as u16 }),
+        4 => {
+            // 802.1ad in front of 802.1Q.
+            let mut g = tagged(&f, r.below(4096) as u16);
+            g.splice(12..12, [0x88, 0xa8, 0, r.below(4) as u8]);
+            g
+        }
+        _ => f,
+    }
+}
+
+/// A train of fragments of one datagram to a service (either family): the first fragment, then
+/// 1 to 3 later ones, each with a small payload (none exceeds the MTU once encapsulated).
+fn train(r: &mut Rng, id: u32) -> Vec<Vec<u8>> {
+    let later = 1 + r.below(3) as u16;
+    let sport = 1024 + r.below(60000) as u16;
+    if r.chance(50) {
+        let (dport, proto) = *r.pick(&[(80u16, 6u8), (81, 6), (8080, 6), (53, 17), (5353, 17), (82, 6), (84, 17), (90, 6)]);
+        let l = if proto == 6 { L4::Tcp { sport, dport, flags: 0x10 } } else { L4::Udp { sport, dport } };
+        let src = client4(r);
+        let mut out = vec![ipv4(None, src, v4("10.99.0.100"), l, &V4Opts { more_fragments: true, id: Some(id as u16), ..Default::default() }, b"first part")];
+        for i in 0..later {
+            let opts = V4Opts { frag_offset: 3 + i * 3, more_fragments: i + 1 < later, id: Some(id as u16), ..Default::default() };
+            out.push(ipv4(None, src, v4("10.99.0.100"), l, &opts, b"later part of a datagram"));
+        }
+        out
+    } else {
+        let (dport, proto) = *r.pick(&[(80u16, 6u8), (82, 6), (84, 17)]);
+        let l = if proto == 6 { L4::Tcp { sport, dport, flags: 0x10 } } else { L4::Udp { sport, dport } };
+        let src = client6(r);
+        let head: Vec<Ext> = if r.chance(30) { vec![Ext::HopByHop] } else { Vec::new() };
+        let with = |e: Ext| head.iter().copied().chain([e]).collect::<Vec<_>>();
+        let mut out = vec![ipv6_ext(src, v6("fd99::100"), &with(Ext::Fragment { offset: 0, more: true, id }), l, b"first part")];
+        for i in 0..later {
+            out.push(ipv6_ext(src, v6("fd99::100"), &with(Ext::Fragment { offset: 3 + i * 3, more: i + 1 < later, id }), l, b"later part of a datagram"));
+        }
+        out
     }
 }
 
@@ -205,6 +285,96 @@ fn mutate(r: &mut Rng, mut f: Vec<u8>) -> Vec<u8> {
 struct Oracle {
     vips: HashSet<IpAddr>,
     backend_macs: HashSet<[u8; 6]>,
+    /// (VIP, port, protocol) of every service; (VIP, protocol) pairs with a service.
+    services: HashSet<(IpAddr, u16, u8)>,
+    protos: HashSet<(IpAddr, u8)>,
+}
+
+/// Whom a frame is addressed to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dest {
+    Lb,
+    OtherHost,
+    Group,
+}
+
+fn be16(b: &[u8], at: usize) -> usize {
+    u16::from_be_bytes([b[at], b[at + 1]]) as usize
+}
+
+/// The frame's addressee, and where its IP header starts with its ethertype (after at most two
+/// VLAN tags, as 802.1ad and 802.1Q stack them).
+fn l2_of(f: &[u8]) -> Option<(Dest, usize, usize)> {
+    if f.len() < 14 {
+        return None;
+    }
+    let dest = if f[0..6] == IFMAC { Dest::Lb } else if f[0] & 1 == 1 { Dest::Group } else { Dest::OtherHost };
+    let (mut at, mut et) = (12, be16(f, 12));
+    for _ in 0..2 {
+        if (et == 0x8100 || et == 0x88a8) && f.len() >= at + 8 {
+            at += 4;
+            et = be16(f, at);
+        }
+    }
+    Some((dest, at + 2, et))
+}
+
+/// IPv6 extension headers, by number.
+fn is_ext6(nh: u8) -> bool {
+    matches!(nh, 0 | 43 | 44 | 51 | 60 | 135 | 139 | 140)
+}
+
+/// A fragment's datagram (source, destination, identification, protocol as its fragment
+/// header or IPv4 header says) and whether it is the first fragment (else a later one).
+fn fragment_of(f: &[u8]) -> Option<(Vec<u8>, bool)> {
+    let (_, l2, et) = l2_of(f)?;
+    let ip = f.get(l2..)?;
+    if et == 0x0800 && ip.len() >= 20 && ip[0] >> 4 == 4 {
+        let (flags, off) = (ip[6] & 0x20 != 0, be16(ip, 6) & 0x1fff);
+        if !flags && off == 0 {
+            return None;
+        }
+        let mut key = ip[12..20].to_vec();
+        key.extend_from_slice(&ip[4..6]);
+        key.push(ip[9]);
+        return Some((key, off == 0));
+    }
+    if et != 0x86dd || ip.len() < 40 || ip[0] >> 4 != 6 {
+        return None;
+    }
+    let (mut at, mut nh) = (40, ip[6]);
+    while is_ext6(nh) && ip.len() >= at + 8 {
+        if nh == 44 {
+            let off = be16(ip, at + 2);
+            if off & 0xfff8 == 0 && off & 1 == 0 {
+                return None;
+            }
+            let mut key = ip[8..40].to_vec();
+            key.extend_from_slice(&ip[at + 4..at + 8]);
+            key.push(ip[at]);
+            return Some((key, off & 0xfff8 == 0));
+        }
+        let len = if nh == 51 { (ip[at + 1] as usize + 2) * 4 } else { (ip[at + 1] as usize + 1) * 8 };
+        nh = ip[at];
+        at += len;
+    }
+    None
+}
+
+/// Where a sent frame went: its destination MAC, and the outer destination address when lb
+/// encapsulated it.
+fn destination(input: &[u8], out: &[u8]) -> Vec<u8> {
+    let mut d = out[0..6].to_vec();
+    if out.len() != input.len() || out[12..] != input[12..] {
+        if let Some((_, l2, et)) = l2_of(out) {
+            match et {
+                0x0800 => d.extend_from_slice(out.get(l2 + 16..l2 + 20).unwrap_or(&[])),
+                0x86dd => d.extend_from_slice(out.get(l2 + 24..l2 + 40).unwrap_or(&[])),
+                _ => {}
+            }
+        }
+    }
+    d
 }
 
 fn ip_at(f: &[u8], l2: usize) -> Option<(IpAddr, IpAddr, u8, usize)> {
@@ -231,6 +401,72 @@ fn l2_len(f: &[u8]) -> usize {
 }
 
 impl Oracle {
+    /// Why handing `f` to the host would break lb's promise (a TCP or UDP packet for a VIP and
+    /// port with a service, or one whose port cannot be read for an address with services), or
+    /// None. Read by this file's own parser: the program's is what is being checked.
+    fn must_not_pass(&self, f: &[u8]) -> Option<String> {
+        let (dest, l2, et) = l2_of(f)?;
+        if dest == Dest::OtherHost {
+            return None;
+        }
+        let ip = f.get(l2..)?;
+        if et == 0x0800 {
+            if ip.len() < 20 || ip[0] >> 4 != 4 {
+                return None;
+            }
+            let (ihl, tot, proto) = ((ip[0] & 15) as usize * 4, be16(ip, 2), ip[9]);
+            if ihl < 20 || tot < ihl || tot > ip.len() || (proto != 6 && proto != 17) {
+                return None;
+            }
+            let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).ok()?);
+            if be16(ip, 6) & 0x1fff != 0 {
+                return self.protos.contains(&(dst, proto)).then(|| format!("a later IPv4 fragment for {dst} proto {proto}"));
+            }
+            if tot < ihl + 4 {
+                return None;
+            }
+            let port = be16(ip, ihl + 2) as u16;
+            return self.services.contains(&(dst, port, proto)).then(|| format!("IPv4 for the service {dst}:{port}/{proto}"));
+        }
+        if et != 0x86dd || ip.len() < 40 || ip[0] >> 4 != 6 {
+            return None;
+        }
+        let end = 40 + be16(ip, 4);
+        let dst = IpAddr::from(<[u8; 16]>::try_from(&ip[24..40]).ok()?);
+        if end > ip.len() || !(self.protos.contains(&(dst, 6)) || self.protos.contains(&(dst, 17))) {
+            return None;
+        }
+        let (mut at, mut nh) = (40, ip[6]);
+        loop {
+            match nh {
+                6 | 17 => {
+                    if at + 4 > end {
+                        return None;
+                    }
+                    let port = be16(ip, at + 2) as u16;
+                    return self.services.contains(&(dst, port, nh)).then(|| format!("IPv6 for the service {dst}:{port}/{nh}"));
+                }
+                n if is_ext6(n) => {
+                    if at + 8 > end {
+                        return Some(format!("IPv6 for {dst} with extension headers past its end"));
+                    }
+                    let len = match n {
+                        51 => (ip[at + 1] as usize + 2) * 4,
+                        44 => 8,
+                        _ => (ip[at + 1] as usize + 1) * 8,
+                    };
+                    let later = n == 44 && be16(ip, at + 2) & 0xfff8 != 0;
+                    nh = ip[at];
+                    at += len;
+                    if later {
+                        return (self.protos.contains(&(dst, nh)) || is_ext6(nh)).then(|| format!("a later IPv6 fragment for {dst} (next header {nh})"));
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// Why an XDP_TX output is wrong, or None.
     fn check_tx(&self, input: &[u8], out: &[u8], too_big: bool) -> Option<String> {
         let l2 = l2_len(input);
@@ -263,11 +499,12 @@ impl Oracle {
     }
 }
 
-/// The outcome counters: passed, each drop reason, too_big.
-fn outcomes(dp: &Balancer) -> [u64; 9] {
+/// The outcome counters: passed, other_host, each drop reason, too_big.
+fn outcomes(dp: &Balancer) -> [u64; 15] {
     use types::lb_stat as S;
     let ids = [
         S::LB_STAT_PASSED,
+        S::LB_STAT_OTHER_HOST,
         S::LB_DROP_MALFORMED,
         S::LB_DROP_NO_BACKEND,
         S::LB_DROP_NO_MAC,
@@ -275,25 +512,90 @@ fn outcomes(dp: &Balancer) -> [u64; 9] {
         S::LB_DROP_NO_TABLE,
         S::LB_DROP_OVERSIZE,
         S::LB_DROP_ENCAP,
+        S::LB_DROP_NOT_UNICAST,
+        S::LB_DROP_VLAN,
+        S::LB_DROP_EXT_HEADER,
+        S::LB_DROP_TOO_BIG_LIMITED,
+        S::LB_DROP_TOO_BIG_BELOW_MIN,
         S::LB_STAT_TOO_BIG,
     ];
     ids.map(|s| dp.stat(s).expect("stat"))
 }
 
-/// Runs the fuzzer for `secs` from `seed`; returns (packets, per-action counts).
-pub fn run(seed: u64, secs: f64, max_packets: u64) -> (u64, [u64; 5]) {
+/// lb's encapsulation sources in this run, as `lb decap --allow-from` lists them.
+fn decap_allowed(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v) => v.octets()[0..3] == [10, 99, 0],
+        IpAddr::V6(v) => v == v6("fd99::2"),
+    }
+}
+
+/// The outer source of an IP frame.
+fn outer_source(f: &[u8]) -> Option<IpAddr> {
+    let (_, l2, et) = l2_of(f)?;
+    match et {
+        0x0800 => Some(IpAddr::from(<[u8; 4]>::try_from(f.get(l2 + 12..l2 + 16)?).ok()?)),
+        0x86dd => Some(IpAddr::from(<[u8; 16]>::try_from(f.get(l2 + 8..l2 + 24)?).ok()?)),
+        _ => None,
+    }
+}
+
+/// `f` (an encapsulated frame) from another outer source: inside lb's prefix or anywhere.
+fn respoof(r: &mut Rng, f: &[u8]) -> Vec<u8> {
+    let mut f = f.to_vec();
+    let Some((_, l2, et)) = l2_of(&f) else { return f };
+    if et == 0x0800 && f.len() >= l2 + 20 {
+        let src = if r.chance(30) { [10, 99, 0, r.below(256) as u8] } else { (r.next() as u32).to_be_bytes() };
+        f[l2 + 12..l2 + 16].copy_from_slice(&src);
+        f[l2 + 10..l2 + 12].copy_from_slice(&[0, 0]);
+        let hl = ((f[l2] & 15) as usize * 4).clamp(20, f.len() - l2);
+        let c = csum(&f[l2..l2 + hl]);
+        f[l2 + 10..l2 + 12].copy_from_slice(&c.to_be_bytes());
+    } else if et == 0x86dd && f.len() >= l2 + 40 {
+        let src = if r.chance(30) { v6("fd99::2").octets() } else { (r.next() as u128 | (r.next() as u128) << 64).to_be_bytes() };
+        f[l2 + 8..l2 + 24].copy_from_slice(&src);
+    }
+    f
+}
+
+/// What one run checked besides every packet's action, output and count.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// Later fragments sent where their datagram's first fragment went (trains and others).
+    pub followed: u64,
+    /// Packets for a service that the program must not pass (it did not).
+    pub for_service: u64,
+    /// Frames to another host's MAC, passed.
+    pub other_host: u64,
+    /// Frames given to lb decap, and those whose outer source was outside its allow-list.
+    pub decap: u64,
+    pub decap_outside: u64,
+}
+
+/// Runs the fuzzer for `secs` (or exactly `count` packets) from `seed`; returns (packets,
+/// per-action counts, what else was checked).
+pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked) {
     let pool = parse_str("fuzz.yaml", POOL).expect("the fuzz pool is valid");
     let mut dp = Balancer::load(1 << 20).expect("load");
     dp.set_encap_sources(Some(("10.99.0.2".parse().expect("addr"), 24)), Some(("fd99::2".parse().expect("addr"), 128))).expect("sources");
     dp.set_mtu(1500).expect("mtu");
     dp.install(&pool, IFMAC, &mac_of).expect("install");
+    let proto = |s: &lb::config::Service| if s.protocol == lb::config::Protocol::Tcp { 6u8 } else { 17 };
     let oracle = Oracle {
         vips: VIPS.iter().map(|v| v.parse().expect("vip")).collect(),
         backend_macs: pool.services.iter().flat_map(|s| &s.backends).filter_map(|b| mac_of(b.address)).collect(),
+        services: pool.services.iter().map(|s| (s.vip, s.port, proto(s))).collect(),
+        protos: pool.services.iter().map(|s| (s.vip, proto(s))).collect(),
     };
+    // lb decap as the pool's backends run it: their addresses and the VIPs are local, lb's
+    // encapsulation sources are allowed.
+    let mut de = Decap::load(6080).expect("load decap");
+    de.allow_from(&[(ip("10.99.0.0"), 24), (ip("fd99::2"), 128)]).expect("allow");
+    let locals: Vec<IpAddr> = pool.services.iter().flat_map(|s| s.backends.iter().map(|b| b.address).chain([s.vip])).collect();
+    de.set_local(&locals).expect("local");
     let mut r = Rng(seed);
     let start = Instant::now();
-    let (mut packets, mut actions) = (0u64, [0u64; 5]);
+    let (mut packets, mut actions, mut checked) = (0u64, [0u64; 5], Checked::default());
     let mut before = outcomes(&dp);
     let (mut forwarded, forwarded0) = (0u64, dp.forwarded().expect("forwarded"));
     // Every truncation of a set of valid packets first, then random ones.
@@ -305,11 +607,35 @@ pub fn run(seed: u64, secs: f64, max_packets: u64) -> (u64, [u64; 5]) {
         }
     }
     truncations.reverse();
-    while packets < max_packets && (packets % 1024 != 0 || start.elapsed().as_secs_f64() < secs) {
-        let input = truncations.pop().unwrap_or_else(|| {
+    // Fragment trains: (due at packet, frame, a later fragment of a train).
+    let mut trains: Vec<(u64, Vec<u8>, bool)> = Vec::new();
+    let mut train_id = 0u32;
+    // Where each datagram's first fragment went, and when.
+    let mut firsts: HashMap<Vec<u8>, (Vec<u8>, Instant)> = HashMap::new();
+    let done = |packets: u64| match count {
+        Some(n) => packets >= n,
+        None => packets % 1024 == 0 && start.elapsed().as_secs_f64() >= secs,
+    };
+    while !done(packets) {
+        let due = trains.iter().position(|t| t.0 <= packets);
+        let (input, in_train) = if let Some(i) = due {
+            let (_, f, later) = trains.swap_remove(i);
+            (f, later)
+        } else if let Some(f) = truncations.pop() {
+            (f, false)
+        } else if r.chance(2) {
+            train_id = train_id.wrapping_add(1);
+            let mut frames = train(&mut r, 0x1_0000 | train_id).into_iter();
+            let first = frames.next().expect("a first fragment");
+            for (k, f) in frames.enumerate() {
+                trains.push((packets + 1 + k as u64 + r.below(20), f, true));
+            }
+            (first, false)
+        } else {
             let v = valid(&mut r);
-            mutate(&mut r, v)
-        });
+            let v = addressed(&mut r, v);
+            (mutate(&mut r, v), false)
+        };
         // BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header (so does a NIC).
         if input.len() < 14 {
             continue;
@@ -317,16 +643,25 @@ pub fn run(seed: u64, secs: f64, max_packets: u64) -> (u64, [u64; 5]) {
         let (action, out) = dp.test_run(&input).expect("BPF_PROG_TEST_RUN");
         let after = outcomes(&dp);
         let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
-        let (passed, drops, too_big) = (delta[0], delta[1..8].iter().sum::<u64>(), delta[8]);
+        let (passed, other, drops, too_big) = (delta[0], delta[1], delta[2..14].iter().sum::<u64>(), delta[14]);
         let what = || format!("seed {seed}, packet {packets}: {:02x?}", input);
+        let dest = l2_of(&input).map(|l| l.0);
+        if dest == Some(Dest::OtherHost) {
+            assert_eq!((action, other), (XDP_PASS, 1), "a frame for another host ({})", what());
+            checked.other_host += 1;
+        }
+        let for_service = oracle.must_not_pass(&input);
         match action {
             XDP_PASS => {
                 assert_eq!(out, input, "XDP_PASS changed the packet ({})", what());
-                assert_eq!((passed, drops, too_big), (1, 0, 0), "a passed packet counted {delta:?} ({})", what());
+                assert_eq!((passed + other, drops, too_big), (1, 0, 0), "a passed packet counted {delta:?} ({})", what());
+                if let Some(why) = for_service {
+                    panic!("passed to the host: {why} ({})", what());
+                }
             }
-            XDP_DROP => assert_eq!((passed, drops, too_big), (0, 1, 0), "a dropped packet counted {delta:?} ({})", what()),
+            XDP_DROP => assert_eq!((passed, other, drops, too_big), (0, 0, 1, 0), "a dropped packet counted {delta:?} ({})", what()),
             XDP_TX => {
-                assert_eq!((passed, drops), (0, 0), "a sent packet counted {delta:?} ({})", what());
+                assert_eq!((passed, other, drops), (0, 0, 0), "a sent packet counted {delta:?} ({})", what());
                 if let Some(why) = oracle.check_tx(&input, &out, too_big == 1) {
                     panic!("XDP_TX: {why} ({}; output {:02x?})", what(), out);
                 }
@@ -334,16 +669,51 @@ pub fn run(seed: u64, secs: f64, max_packets: u64) -> (u64, [u64; 5]) {
             }
             a => panic!("action {a} ({})", what()),
         }
+        checked.for_service += for_service.is_some() as u64;
+        // Later fragments follow the first. lb keeps a record 30 s; this checks it for 20.
+        if let Some((key, first)) = fragment_of(&input) {
+            if first {
+                if action == XDP_TX && too_big == 0 {
+                    firsts.insert(key, (destination(&input, &out), Instant::now()));
+                } else {
+                    firsts.remove(&key);
+                }
+            } else if let Some((to, when)) = firsts.get(&key).filter(|(_, w)| w.elapsed().as_secs() < 20) {
+                // A too-big answer goes back to the client: the backend was chosen, not used.
+                if (action == XDP_TX && too_big == 0) || in_train {
+                    assert_eq!((action, too_big), (XDP_TX, 0), "a train's later fragment was not sent ({}; first fragment {:?} ago)", what(), when.elapsed());
+                    assert_eq!(&destination(&input, &out), to, "a later fragment went elsewhere than its first ({}; output {:02x?})", what(), out);
+                    checked.followed += 1;
+                }
+            }
+        }
+        // lb decap never unwraps from outside its allow-list: lb's own output, respoofed, mutated.
+        if action == XDP_TX && too_big == 0 && out.len() > input.len() {
+            for _ in 0..2 {
+                let f = if r.chance(50) { respoof(&mut r, &out) } else { out.clone() };
+                let f = if r.chance(30) { mutate(&mut r, f) } else { f };
+                if f.len() < 14 {
+                    continue;
+                }
+                let (a, o) = de.test_run(&f).expect("decap test run");
+                assert!(a == XDP_PASS || a == XDP_DROP, "decap action {a} ({})", what());
+                let outside = outer_source(&f).is_some_and(|s| !decap_allowed(s));
+                assert!(!(a == XDP_PASS && o != f && outside), "decap unwrapped from {:?}, outside its allow-list: {:02x?}", outer_source(&f), f);
+                checked.decap += 1;
+                checked.decap_outside += outside as u64;
+            }
+        }
         actions[action as usize] += 1;
         before = after;
         packets += 1;
         if packets % 4096 == 0 {
             assert_eq!(dp.forwarded().expect("forwarded") - forwarded0, forwarded, "backend counters after {packets} packets (seed {seed})");
             dp.tick().expect("tick");
+            firsts.retain(|_, (_, w)| w.elapsed().as_secs() < 20);
         }
     }
     assert_eq!(dp.forwarded().expect("forwarded") - forwarded0, forwarded, "backend counters at the end (seed {seed})");
-    (packets, actions)
+    (packets, actions, checked)
 }
 
 #[test]
@@ -351,23 +721,34 @@ fn root_fuzzed_packets_never_break_the_data_planes_promises() {
     common::require_root();
     let secs: f64 = std::env::var("FUZZ_PACKETS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40.0);
     let seed: u64 = std::env::var("FUZZ_PACKETS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261130);
-    let max: u64 = std::env::var("FUZZ_PACKETS_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+    let count: Option<u64> = std::env::var("FUZZ_PACKETS").ok().and_then(|s| s.parse().ok());
     let t = Instant::now();
-    let (n, a) = run(seed, secs, max);
+    let (n, a, c) = run(seed, secs, count);
     println!(
-        "fuzz_packets: {n} packets from seed {seed} in {:.0} s: {} passed, {} dropped, {} sent; every one checked",
+        "fuzz_packets: {n} packets from seed {seed} in {:.0} s: {} passed, {} dropped, {} sent; every one checked; {} later fragments followed their first, {} packets for a service not passed, {} frames for other hosts passed, {} frames through lb decap ({} from outside its allow-list, none unwrapped)",
         t.elapsed().as_secs_f64(),
         a[2],
         a[1],
-        a[3]
+        a[3],
+        c.followed,
+        c.for_service,
+        c.other_host,
+        c.decap,
+        c.decap_outside
     );
     assert!(a[1] > 0 && a[2] > 0 && a[3] > 0, "the generator reached every action: {a:?}");
+    assert!(c.followed > 0 && c.for_service > 0 && c.other_host > 0 && c.decap_outside > 0, "every invariant was exercised: {c:?}");
 }
 
 #[test]
 fn the_oracle_rejects_what_the_data_plane_must_not_do() {
     // The checks above, shown to fail on outputs lb must never produce.
-    let oracle = Oracle { vips: ["10.99.0.100".parse().expect("vip")].into(), backend_macs: [[0x02, 0xbb, 0, 0, 0, 11]].into() };
+    let oracle = Oracle {
+        vips: ["10.99.0.100".parse().expect("vip")].into(),
+        backend_macs: [[0x02, 0xbb, 0, 0, 0, 11]].into(),
+        services: [(ip("10.99.0.100"), 80, 6), (ip("fd99::100"), 80, 6)].into(),
+        protos: [(ip("10.99.0.100"), 6), (ip("fd99::100"), 6)].into(),
+    };
     let input = ipv4_simple(v4("192.0.2.7"), v4("10.99.0.100"), L4::Tcp { sport: 4000, dport: 80, flags: 0x10 });
     let mut good = input.clone();
     good[0..6].copy_from_slice(&[0x02, 0xbb, 0, 0, 0, 11]);
@@ -391,4 +772,32 @@ fn the_oracle_rejects_what_the_data_plane_must_not_do() {
     let n = encap.len();
     encap[n - 1] ^= 1;
     assert!(oracle.check_tx(&input, &encap, false).is_some(), "a changed inner byte behind outer headers");
+    // Passing: a packet for a service, in every disguise lb must see through, is caught.
+    let syn = ipv4_simple(v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(4000, 80));
+    let syn6 = |exts: &[Ext]| ipv6_ext(v6("2001:db8::7"), v6("fd99::100"), exts, L4::syn(4000, 80), b"");
+    for (what, f) in [
+        ("plain", syn.clone()),
+        ("broadcast", to_mac(&syn, [0xff; 6])),
+        ("VLAN 42", tagged(&syn, 42)),
+        ("a later IPv4 fragment", ipv4(None, v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(4000, 80), &V4Opts { frag_offset: 2, ..Default::default() }, b"x")),
+        ("IPv6 behind hop-by-hop and routing", syn6(&[Ext::HopByHop, Ext::Routing { kind: 0, segments_left: 1 }])),
+        ("IPv6 behind AH", syn6(&[Ext::Ah])),
+        ("a later IPv6 fragment", syn6(&[Ext::Fragment { offset: 1, more: false, id: 1 }])),
+    ] {
+        assert!(oracle.must_not_pass(&f).is_some(), "{what}");
+    }
+    for (what, f) in [
+        ("another host's MAC", to_mac(&syn, [0x02, 0, 0, 0, 0, 0x42])),
+        ("another port", ipv4_simple(v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(4000, 81))),
+        ("ICMPv6 behind hop-by-hop", ipv6_ext(v6("2001:db8::7"), v6("fd99::100"), &[Ext::HopByHop], L4::IcmpEcho, b"")),
+    ] {
+        assert!(oracle.must_not_pass(&f).is_none(), "{what}");
+    }
+    // Fragments: the datagram's key is the same for its first and later fragments.
+    let first = syn6(&[Ext::HopByHop, Ext::Fragment { offset: 0, more: true, id: 9 }]);
+    let later = syn6(&[Ext::HopByHop, Ext::Fragment { offset: 5, more: false, id: 9 }]);
+    let (k1, f1) = fragment_of(&first).expect("a fragment");
+    let (k2, f2) = fragment_of(&later).expect("a fragment");
+    assert!(f1 && !f2 && k1 == k2);
+    assert!(fragment_of(&syn6(&[Ext::Fragment { offset: 0, more: false, id: 9 }])).is_none(), "an atomic fragment is no fragment");
 }

@@ -89,14 +89,22 @@ fn drop(description: &'static str, input: Vec<u8>, counter: types::lb_stat) -> F
     Fixture { description, output: input.clone(), input, action: XDP_DROP, counter: Counter::Stat(counter) }
 }
 
+/// Runs every fixture, then fails listing each one that went wrong (not only the first).
 fn run_fixtures(dp: &Balancer, fixtures: &[Fixture]) {
+    let mut wrong = Vec::new();
     for f in fixtures {
         let before = counter(dp, f.counter);
         let (action, out) = dp.test_run(&f.input).expect("test_run");
-        assert_eq!(action, f.action, "{}: action", f.description);
-        assert_eq!(out, f.output, "{}: output frame", f.description);
-        assert_eq!(counter(dp, f.counter) - before, 1, "{}: counted once as {:?}", f.description, f.counter);
+        let counted = counter(dp, f.counter) - before;
+        if action != f.action {
+            wrong.push(format!("{}: action {action}, expected {}", f.description, f.action));
+        } else if out != f.output {
+            wrong.push(format!("{}: output frame {out:02x?}, expected {:02x?}", f.description, f.output));
+        } else if counted != 1 {
+            wrong.push(format!("{}: counted {counted} times as {:?}", f.description, f.counter));
+        }
     }
+    assert!(wrong.is_empty(), "{} of {} fixtures wrong:\n{}", wrong.len(), fixtures.len(), wrong.join("\n"));
 }
 
 #[test]
@@ -127,8 +135,8 @@ fn root_fixtures_forward_pass_and_drop_as_specified() {
             predict(&pool, "web", c, 40003, 6),
         ),
         tx(
-            "802.1Q-tagged IPv4 TCP: forwarded with its tag kept",
-            ipv4(Some(42), client, vip, L4::syn(40004, 80), &V4Opts::default(), b"tagged"),
+            "priority-tagged (VLAN 0) IPv4 TCP: on the untagged segment, forwarded with its tag kept",
+            ipv4(Some(0), client, vip, L4::syn(40004, 80), &V4Opts::default(), b"tagged"),
             predict(&pool, "web", c, 40004, 6),
         ),
         tx(
@@ -136,9 +144,14 @@ fn root_fixtures_forward_pass_and_drop_as_specified() {
             ipv4(None, client, vip, L4::syn(40005, 80), &frag_first, b"first part"),
             predict(&pool, "web", c, 40005, 6),
         ),
-        drop(
-            "a non-first fragment under flow hash has no ports: dropped, counted",
+        tx(
+            "a later fragment under flow hash follows its first fragment's record",
             ipv4(None, client, vip, L4::syn(40005, 80), &frag_next, b"second part"),
+            predict(&pool, "web", c, 40005, 6),
+        ),
+        drop(
+            "a later fragment under flow hash without a first fragment: no ports, dropped, counted",
+            ipv4(None, client, vip, L4::syn(40005, 80), &V4Opts { id: Some(7), ..frag_next.clone() }, b"second part"),
             types::lb_stat::LB_DROP_FRAGMENT,
         ),
         tx(
@@ -169,8 +182,8 @@ fn root_fixtures_forward_pass_and_drop_as_specified() {
         pass("ICMPv6 echo to the v6 VIP passes unchanged", ipv6(v6client, v6("fd00::100"), L4::IcmpEcho, None, b"ping")),
         pass("the v6 VIP on another port passes unchanged", ipv6(v6client, v6("fd00::100"), L4::syn(1, 444), None, b"")),
         pass(
-            "IPv6 with an extension header is not parsed: passes unchanged",
-            ipv6(v6client, v6("fd00::100"), L4::syn(1, 443), Some(0), b""),
+            "IPv6 with extension headers to an address without services passes unchanged",
+            ipv6_ext(v6client, v6("fd00::101"), &[Ext::HopByHop], L4::syn(1, 443), b""),
         ),
         pass("an 802.1Q-tagged ARP passes unchanged", {
             let mut f = arp_request(client, vip);
@@ -218,7 +231,7 @@ fn root_every_truncation_is_never_forwarded_and_counted_as_malformed() {
         ("IPv6 TCP", ipv6(v6("2001:db8::1"), v6("fd00::100"), L4::syn(1234, 443), None, b"payload")),
         (
             "tagged IPv4 with options",
-            ipv4(Some(7), client, v4("10.99.0.100"), L4::syn(1, 80), &V4Opts { options: vec![1; 8], ..Default::default() }, b"p"),
+            ipv4(Some(0), client, v4("10.99.0.100"), L4::syn(1, 80), &V4Opts { options: vec![1; 8], ..Default::default() }, b"p"),
         ),
     ];
     for (what, frame) in frames {
@@ -472,4 +485,158 @@ fn root_apply_switches_live_tables_to_each_new_pool() {
         }
         previous = Some(got);
     }
+}
+
+/// Finding 15 of issue 22: lb balances only frames sent to its own MAC. A frame for another
+/// host (promiscuous mode, a bridge member) passes unchanged, counted apart; a broadcast or
+/// multicast frame is never balanced: dropped when it is for a service, passed otherwise.
+#[test]
+fn root_frames_not_unicast_to_lb_are_never_balanced() {
+    let (dp, pool) = setup();
+    let client = v4("192.0.2.7");
+    let vip = v4("10.99.0.100");
+    let syn = ipv4_simple(client, vip, L4::syn(40100, 80));
+    let fixtures = vec![
+        tx("the same frame to lb's MAC is forwarded", syn.clone(), predict(&pool, "web", client.into(), 40100, 6)),
+        Fixture {
+            description: "to another host's MAC: passed unchanged, counted as other_host",
+            input: to_mac(&syn, [0x02, 0, 0, 0, 0, 0x42]),
+            action: XDP_PASS,
+            output: to_mac(&syn, [0x02, 0, 0, 0, 0, 0x42]),
+            counter: Counter::Stat(types::lb_stat::LB_STAT_OTHER_HOST),
+        },
+        drop("broadcast, for a service: dropped", to_mac(&syn, [0xff; 6]), types::lb_stat::LB_DROP_NOT_UNICAST),
+        drop("IPv4 multicast MAC, for a service: dropped", to_mac(&syn, [0x01, 0, 0x5e, 0, 0, 1]), types::lb_stat::LB_DROP_NOT_UNICAST),
+        drop(
+            "IPv6 multicast MAC, for a service: dropped",
+            to_mac(&ipv6(v6("2001:db8::7"), v6("fd00::100"), L4::syn(1, 443), None, b""), [0x33, 0x33, 0, 0, 0, 1]),
+            types::lb_stat::LB_DROP_NOT_UNICAST,
+        ),
+        pass("broadcast, not for a service: passed", to_mac(&ipv4_simple(client, vip, L4::syn(40100, 81)), [0xff; 6])),
+        pass("broadcast ARP for the VIP: passed", arp_request(client, vip)),
+    ];
+    run_fixtures(&dp, &fixtures);
+}
+
+/// Finding 14d of issue 22: lb serves the untagged segment of its interface. Untagged and
+/// priority-tagged (VLAN 0) frames are balanced; a frame tagged with another VLAN is passed when
+/// it is not for a service (Linux gives it to that VLAN's device) and dropped, counted, when it
+/// is: lb's neighbours are resolved on the untagged interface, so forwarding it would send the
+/// client's packet into a VLAN the backend may not be on, or out of its own.
+#[test]
+fn root_vlan_tagged_frames_for_a_service_are_refused() {
+    let (dp, pool) = setup();
+    let client = v4("192.0.2.7");
+    let vip = v4("10.99.0.100");
+    let syn = ipv4_simple(client, vip, L4::syn(40200, 80));
+    let fixtures = vec![
+        tx("priority tag (VLAN 0): balanced, tag kept", tagged(&syn, 0), predict(&pool, "web", client.into(), 40200, 6)),
+        tx("priority tag with a PCP: balanced, tag kept", tagged(&syn, 0xa000), predict(&pool, "web", client.into(), 40200, 6)),
+        drop("VLAN 42, for a service: dropped", tagged(&syn, 42), types::lb_stat::LB_DROP_VLAN),
+        drop(
+            "VLAN 42, IPv6 for a service: dropped",
+            tagged(&ipv6(v6("2001:db8::7"), v6("fd00::100"), L4::syn(1, 443), None, b""), 42),
+            types::lb_stat::LB_DROP_VLAN,
+        ),
+        pass("VLAN 42, not for a service: passed", tagged(&ipv4_simple(client, v4("10.99.0.101"), L4::syn(1, 80)), 42)),
+        pass("VLAN 42, ARP: passed", tagged(&arp_request(client, vip), 42)),
+    ];
+    run_fixtures(&dp, &fixtures);
+}
+
+/// Findings 8 and 14a of issue 22: port 0 is only ever the fragment route's; the ports are read
+/// inside the IP datagram, never from the Ethernet padding behind it.
+#[test]
+fn root_port_zero_and_padding_never_reach_a_service() {
+    let (dp, _) = setup();
+    let client = v4("192.0.2.7");
+    // A UDP datagram of 20 bytes (no UDP header at all), in a frame padded to 60 bytes whose
+    // padding holds a UDP header to the dns service.
+    let mut short = ipv4_simple(client, v4("10.99.0.100"), L4::Udp { sport: 5353, dport: 53 });
+    short.truncate(14 + 28);
+    short[16..18].copy_from_slice(&20u16.to_be_bytes());
+    short[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&short[14..34]);
+    short[24..26].copy_from_slice(&c.to_be_bytes());
+    short.resize(60, 0);
+    // And a TCP datagram that ends 4 bytes into its header.
+    let mut cut = ipv4_simple(client, v4("10.99.0.100"), L4::syn(40300, 80));
+    cut.truncate(14 + 24);
+    cut[16..18].copy_from_slice(&24u16.to_be_bytes());
+    cut[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&cut[14..34]);
+    cut[24..26].copy_from_slice(&c.to_be_bytes());
+    cut.resize(60, 0x50);
+    let fixtures = vec![
+        pass("TCP to port 0 of a client-ip VIP (it has a fragment route): passed", ipv4_simple(client, v4("10.99.0.150"), L4::syn(40301, 0))),
+        pass("UDP to port 0 of a VIP: passed", ipv4_simple(client, v4("10.99.0.100"), L4::Udp { sport: 1, dport: 0 })),
+        pass("IPv6 UDP to port 0 of a client-ip VIP: passed", ipv6(v6("2001:db8::7"), v6("fd00::150"), L4::Udp { sport: 1, dport: 0 }, None, b"")),
+        drop("UDP ports only in the Ethernet padding: malformed", short, types::lb_stat::LB_DROP_MALFORMED),
+        drop("a TCP header cut by the datagram's end, padding after it: malformed", cut, types::lb_stat::LB_DROP_MALFORMED),
+    ];
+    run_fixtures(&dp, &fixtures);
+}
+
+/// Finding 7 of issue 22: IPv6 extension headers are walked (hop-by-hop, destination options,
+/// routing, fragment; at most 4), and a packet for a VIP with services whose port lb cannot read
+/// or must not balance is dropped, counted, never passed to the host.
+#[test]
+fn root_ipv6_extension_headers_are_parsed_or_refused() {
+    let (dp, pool) = setup();
+    let c6 = v6("2001:db8::7");
+    let vip = v6("fd00::100");
+    let web6 = |sport| predict(&pool, "v6", IpAddr::V6(c6), sport, 6);
+    let dst = |units| Ext::DestOpts { units };
+    let fixtures = vec![
+        tx("hop-by-hop, then TCP: balanced", ipv6_ext(c6, vip, &[Ext::HopByHop], L4::syn(41000, 443), b"x"), web6(41000)),
+        tx(
+            "hop-by-hop, destination options (24 bytes), routing type 2 with no segments left: balanced",
+            ipv6_ext(c6, vip, &[Ext::HopByHop, dst(2), Ext::Routing { kind: 2, segments_left: 0 }], L4::syn(41001, 443), b"x"),
+            web6(41001),
+        ),
+        tx(
+            "four extension headers: balanced",
+            ipv6_ext(c6, vip, &[Ext::HopByHop, dst(0), dst(1), dst(0)], L4::syn(41002, 443), b"x"),
+            web6(41002),
+        ),
+        tx(
+            "an atomic fragment (offset 0, no M): an ordinary packet",
+            ipv6_ext(c6, vip, &[Ext::Fragment { offset: 0, more: false, id: 9 }], L4::syn(41003, 443), b"x"),
+            web6(41003),
+        ),
+        drop(
+            "five extension headers (more than lb walks), to a VIP with services: dropped",
+            ipv6_ext(c6, vip, &[Ext::HopByHop, dst(0), dst(0), dst(0), dst(0)], L4::syn(41004, 443), b"x"),
+            types::lb_stat::LB_DROP_EXT_HEADER,
+        ),
+        drop(
+            "routing header type 0: refused",
+            ipv6_ext(c6, vip, &[Ext::Routing { kind: 0, segments_left: 0 }], L4::syn(41005, 443), b"x"),
+            types::lb_stat::LB_DROP_EXT_HEADER,
+        ),
+        drop(
+            "routing header with segments left (the VIP is not the final destination): refused",
+            ipv6_ext(c6, vip, &[Ext::Routing { kind: 4, segments_left: 1 }], L4::syn(41006, 443), b"x"),
+            types::lb_stat::LB_DROP_EXT_HEADER,
+        ),
+        drop("AH, to a VIP with services: dropped", ipv6_ext(c6, vip, &[Ext::Ah], L4::syn(41007, 443), b"x"), types::lb_stat::LB_DROP_EXT_HEADER),
+        drop(
+            "hop-by-hop after another header: refused",
+            ipv6_ext(c6, vip, &[dst(0), Ext::HopByHop], L4::syn(41008, 443), b"x"),
+            types::lb_stat::LB_DROP_EXT_HEADER,
+        ),
+        pass("extension headers to the VIP on a port without a service: passed", ipv6_ext(c6, vip, &[Ext::HopByHop], L4::syn(41009, 444), b"x")),
+        pass("AH to an address without services: passed", ipv6_ext(c6, v6("fd00::101"), &[Ext::Ah], L4::syn(41010, 443), b"x")),
+        pass("ICMPv6 echo behind hop-by-hop: passed", ipv6_ext(c6, vip, &[Ext::HopByHop], L4::IcmpEcho, b"ping")),
+        drop(
+            "a destination-options header longer than the packet: malformed",
+            {
+                let mut f = ipv6_ext(c6, vip, &[dst(0)], L4::syn(41011, 443), b"");
+                f[14 + 40 + 1] = 9;
+                f
+            },
+            types::lb_stat::LB_DROP_MALFORMED,
+        ),
+    ];
+    run_fixtures(&dp, &fixtures);
 }

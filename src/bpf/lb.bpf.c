@@ -25,6 +25,7 @@
 #include "hash.h"
 #include "icmp.h"
 #include "encap.h"
+#include "frag.h"
 #include "route.h"
 #include "flow.h"
 
@@ -59,6 +60,8 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 	svc = find_route(dst, key_tail(qports & 0xffff, q->protocol, LB_FAMILY_V4));
 	if (!svc)
 		return count(LB_STAT_PASSED, XDP_PASS);
+	if (p->refuse)
+		return count(p->refuse, XDP_DROP);
 	/* The client's own packets: its port first, then the service's. */
 	cports = qports >> 16 | qports << 16;
 	h = hash16_64((__u64)q->daddr | (__u64)q->saddr << 32, (__u64)cports | (__u64)q->protocol << 32);
@@ -92,6 +95,8 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	svc = find_route(dst, key_tail(qports & 0xffff, q->nexthdr, LB_FAMILY_V6));
 	if (!svc)
 		return count(LB_STAT_PASSED, XDP_PASS);
+	if (p->refuse)
+		return count(p->refuse, XDP_DROP);
 	cports = qports >> 16 | qports << 16;
 	/* Lanes as the client's packets hash them: client, then VIP, then ports and protocol. */
 	__builtin_memcpy(l, &q->daddr, 16);
@@ -102,15 +107,61 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	return route_icmp(p, svc, h, q->nexthdr);
 }
 
+/* A datagram's fragment key: what every one of its fragments carries. */
+static __always_inline void frag_key(struct lb_frag_key *k, const void *src, const __u32 dst[4], __be32 id, __u8 proto, __u8 family)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	if (family == LB_FAMILY_V4)
+		k->src[0] = *(const __be32 *)src;
+	else
+		__builtin_memcpy(k->src, src, 16);
+	__builtin_memcpy(k->dst, dst, 16);
+	k->id = id;
+	k->proto = proto;
+	k->family = family;
+}
+
+/* A later fragment (no ports): where its datagram's first fragment went, if that is recorded;
+ * otherwise the fragment route of its (address, protocol) decides, as for any fragment: by the
+ * client's address (`client_hash`) when that route hashes by it, else dropped. */
+static __always_inline int later_fragment(struct pkt *p, const struct lb_frag_key *k, __u32 client_hash)
+{
+	const struct lb_service *svc = find_route(k->dst, key_tail(0, k->proto, k->family));
+	const struct lb_frag *f;
+
+	if (!svc)
+		return count(LB_STAT_PASSED, XDP_PASS);
+	if (p->refuse)
+		return count(p->refuse, XDP_DROP);
+	f = frag_find(k);
+	if (f) {
+		/* The first fragment's own service (its port), as it is now. */
+		const struct lb_service *own = find_route(k->dst, key_tail(f->port, k->proto, k->family));
+		__u32 id = f->backend;
+
+		if (own) {
+			p->hash = f->hash;
+			count(LB_FRAG_FOLLOWED, 0);
+			return send(p, own, id);
+		}
+	}
+	count(LB_FRAG_UNMATCHED, 0);
+	if (svc->hash_mode != LB_HASH_CLIENT_IP)
+		return count(LB_DROP_FRAGMENT, XDP_DROP);
+	p->hash = client_hash;
+	return forward(p, svc);
+}
+
 /* IPv4: any header length (options skipped), the whole datagram present, TCP or UDP.
  * The flow hash input is documented in docs/data-plane.md ("Flow hash") and src/flowhash.rs. */
 static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 {
 	struct iphdr *iph = take(c, sizeof(*iph));
 	const struct lb_service *svc;
-	__u32 hlen, ports = 0, dst[4] = {};
+	__u32 hlen, tot, ports = 0, dst[4] = {};
+	struct lb_frag_key k;
 	__u8 tcp_flags = 0;
-	int fragment;
+	int later, first;
 	__u64 h = 0;
 
 	if (!iph)
@@ -122,79 +173,130 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	if (hlen > sizeof(*iph) && !take(c, hlen - sizeof(*iph)))
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	/* The datagram must be all here: a truncated one is never forwarded. */
-	if (bpf_ntohs(iph->tot_len) < hlen || bpf_ntohs(iph->tot_len) > (__u32)(c->end - (void *)iph))
+	tot = bpf_ntohs(iph->tot_len);
+	if (tot < hlen || tot > (__u32)(c->end - (void *)iph))
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	p->family = LB_FAMILY_V4;
-	p->l3len = bpf_ntohs(iph->tot_len);
+	p->l3len = tot;
 	p->tos = iph->tos;
 	p->df = (iph->frag_off & bpf_htons(IP_DF)) != 0;
-	/* A non-first fragment carries no ports: it is looked up as port 0, its fragment route. */
-	fragment = (iph->frag_off & bpf_htons(IP_OFFSET)) != 0;
-	if (iph->protocol == IPPROTO_ICMP && !fragment && !(iph->frag_off & bpf_htons(IP_MF)))
+	later = (iph->frag_off & bpf_htons(IP_OFFSET)) != 0;
+	first = !later && (iph->frag_off & bpf_htons(IP_MF));
+	if (iph->protocol == IPPROTO_ICMP && !later && !first)
 		return handle_icmp4(c, p, iph->daddr);
 	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
 		return count(LB_STAT_PASSED, XDP_PASS);
-	if (!fragment && parse_ports(c, iph->protocol, &ports, &tcp_flags) == L4_MALFORMED)
-		return count(LB_DROP_MALFORMED, XDP_DROP);
-
 	dst[0] = iph->daddr;
+	/* A later fragment carries no ports. */
+	if (later) {
+		frag_key(&k, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
+		return later_fragment(p, &k, hash4(iph->saddr));
+	}
+	if (parse_ports(c, iph->protocol, &ports, &tcp_flags, tot - hlen) == L4_MALFORMED)
+		return count(LB_DROP_MALFORMED, XDP_DROP);
+	/* Port 0 names a fragment route: only later fragments, which have no port, take it. */
+	if ((ports >> 16) == 0)
+		return count(LB_STAT_PASSED, XDP_PASS);
 	svc = find_route(dst, key_tail(ports >> 16, iph->protocol, LB_FAMILY_V4));
 	if (!svc)
 		return count(LB_STAT_PASSED, XDP_PASS);
-	/* Without ports, a fragment can only follow its client's address. */
-	if (svc->hash_mode != LB_HASH_CLIENT_IP && fragment)
-		return count(LB_DROP_FRAGMENT, XDP_DROP);
-	/* A fragment without ports cannot be told apart from its flow's others: the table. */
-	if (!fragment && (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)))
+	if (p->refuse)
+		return count(p->refuse, XDP_DROP);
+	if (first) {
+		frag_key(&k, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
+		p->frag = &k;
+		p->dport = ports >> 16;
+	}
+	if (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK))
 		h = hash16_64((__u64)iph->saddr | (__u64)iph->daddr << 32, (__u64)ports | (__u64)iph->protocol << 32);
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : (__u32)h;
-	if ((svc->flags & LB_SVC_CONNTRACK) && !fragment)
+	if (svc->flags & LB_SVC_CONNTRACK)
 		return tracked(p, svc, h, iph->protocol, tcp_flags);
 	return forward(p, svc);
 }
 
-/* IPv6: a fixed header followed directly by TCP, UDP or ICMPv6. Extension headers are not
- * parsed: such packets are not matched and pass to the kernel unchanged. */
+/* IPv6: the fixed header, then up to LB_IPV6_EXT_MAX extension headers (hop-by-hop,
+ * destination options, routing, fragment), then TCP, UDP or ICMPv6. A packet whose upper layer
+ * lb cannot reach or must not balance (a routing header of type 0, or with segments left: the
+ * destination is not the final one; AH; a longer chain) is dropped when its destination has
+ * services, since its port is unknown, and passed otherwise. */
 static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 {
 	struct ipv6hdr *ip6 = take(c, sizeof(*ip6));
 	const struct lb_service *svc;
-	__u32 ports = 0, dst[4];
-	__u8 tcp_flags = 0;
+	__u32 ports = 0, dst[4], left;
+	__u8 tcp_flags = 0, nh;
+	struct lb_frag_key k;
+	struct ipv6_ext x;
 	__u64 l[5], h = 0;
 	enum l4 l4;
 
 	if (!ip6)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
-	if (ip6->version != 6 || bpf_ntohs(ip6->payload_len) > (__u32)(c->end - c->pos))
+	left = bpf_ntohs(ip6->payload_len);
+	if (ip6->version != 6 || left > (__u32)(c->end - c->pos))
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	p->family = LB_FAMILY_V6;
-	p->l3len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	p->l3len = sizeof(*ip6) + left;
 	p->tos = bpf_ntohl(*(__be32 *)ip6) >> 20;
 	p->df = 1;
-	if (ip6->nexthdr == IPPROTO_ICMPV6_)
-		return handle_icmp6(c, p, &ip6->daddr);
-	l4 = parse_ports(c, ip6->nexthdr, &ports, &tcp_flags);
-	if (l4 == L4_MALFORMED)
+	x = parse_ipv6_ext(c, ip6->nexthdr, left);
+	if (x.malformed)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
-	if (l4 == L4_OTHER)
-		return count(LB_STAT_PASSED, XDP_PASS);
-
+	nh = x.nh;
+	left = x.left;
 	__builtin_memcpy(dst, &ip6->daddr, 16);
-	svc = find_route(dst, key_tail(ports >> 16, ip6->nexthdr, LB_FAMILY_V6));
-	if (!svc)
+	if (x.odd || ipv6_ext(nh)) {
+		if (!has_services(dst, LB_FAMILY_V6))
+			return count(LB_STAT_PASSED, XDP_PASS);
+		return count(p->refuse ? p->refuse : LB_DROP_EXT_HEADER, XDP_DROP);
+	}
+	if (nh == IPPROTO_ICMPV6_ && x.frag == 0)
+		return handle_icmp6(c, p, &ip6->daddr);
+	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
 		return count(LB_STAT_PASSED, XDP_PASS);
 	__builtin_memcpy(l, &ip6->saddr, 32); /* source, then destination: lanes 0-3 */
+	if (x.frag == 2) {
+		frag_key(&k, &ip6->saddr, dst, x.id, nh, LB_FAMILY_V6);
+		return later_fragment(p, &k, hash16(l[0], l[1]));
+	}
+	l4 = parse_ports(c, nh, &ports, &tcp_flags, left);
+	if (l4 == L4_MALFORMED)
+		return count(LB_DROP_MALFORMED, XDP_DROP);
+	if ((ports >> 16) == 0)
+		return count(LB_STAT_PASSED, XDP_PASS);
+	svc = find_route(dst, key_tail(ports >> 16, nh, LB_FAMILY_V6));
+	if (!svc)
+		return count(LB_STAT_PASSED, XDP_PASS);
+	if (p->refuse)
+		return count(p->refuse, XDP_DROP);
+	if (x.frag == 1) {
+		frag_key(&k, &ip6->saddr, dst, x.id, nh, LB_FAMILY_V6);
+		p->frag = &k;
+		p->dport = ports >> 16;
+	}
 	if (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)) {
-		l[4] = (__u64)ports | (__u64)ip6->nexthdr << 32;
+		l[4] = (__u64)ports | (__u64)nh << 32;
 		h = hash40_64(l);
 	}
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
 	if (svc->flags & LB_SVC_CONNTRACK)
-		return tracked(p, svc, h, ip6->nexthdr, tcp_flags);
+		return tracked(p, svc, h, nh, tcp_flags);
 	return forward(p, svc);
 }
 
+/* Whether the frame's destination MAC is `mac`. */
+static __always_inline int mac_is(const __u8 *a, const __u8 *mac)
+{
+	return *(const __u32 *)a == *(const __u32 *)mac && *(const __u16 *)(a + 4) == *(const __u16 *)(mac + 4);
+}
+
+/* Frames: lb balances only what is sent to it, on its own segment. A frame for another host's
+ * MAC (seen in promiscuous mode, on a bridge member) is passed unchanged, counted: that host, or
+ * the bridge, deals with it. A broadcast or multicast frame, and a frame tagged with a VLAN
+ * other than 0 (a priority tag keeps the frame on the untagged segment, as Linux has it), is
+ * parsed like any other, passed when it is not for a service, and dropped for its reason when
+ * it is: everything lb sends goes to neighbours resolved on this untagged interface. */
 SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
@@ -205,14 +307,32 @@ int lb_xdp(struct xdp_md *ctx)
 	p.eth = take(&c, sizeof(*p.eth));
 	if (!p.eth)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
+	if (!mac_is(p.eth->h_dest, lb_settings.ifmac)) {
+		if (!(p.eth->h_dest[0] & 1))
+			return count(LB_STAT_OTHER_HOST, XDP_PASS);
+		p.refuse = LB_DROP_NOT_UNICAST;
+	}
 	proto = p.eth->h_proto;
 	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
 		struct vlan_hdr *vh = take(&c, sizeof(*vh));
 
 		if (!vh)
 			return count(LB_DROP_MALFORMED, XDP_DROP);
+		if ((vh->h_vlan_TCI & bpf_htons(0x0fff)) && !p.refuse)
+			p.refuse = LB_DROP_VLAN;
 		proto = vh->h_vlan_encapsulated_proto;
 		p.l2len += sizeof(*vh);
+		/* A second tag (802.1ad in front of 802.1Q): never lb's segment, whatever its ids,
+		 * but parsed, so that a packet for a service in it is dropped rather than passed. */
+		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+			vh = take(&c, sizeof(*vh));
+			if (!vh)
+				return count(LB_DROP_MALFORMED, XDP_DROP);
+			if (!p.refuse)
+				p.refuse = LB_DROP_VLAN;
+			proto = vh->h_vlan_encapsulated_proto;
+			p.l2len += sizeof(*vh);
+		}
 	}
 	if (proto == bpf_htons(ETH_P_IP))
 		return handle_ipv4(&c, &p);

@@ -220,6 +220,18 @@ enum lb_stat {
 				    * answers (icmp.h): dropped, not answered */
 	LB_DROP_TOO_BIG_BELOW_MIN, /* too long once encapsulated, and the MTU to advertise is below
 				    * the protocol's minimum (68 IPv4, 1280 IPv6): dropped */
+	LB_STAT_OTHER_HOST,    /* a frame addressed to another host's MAC (promiscuous mode, a bridge
+				* member): handed to the kernel unchanged, never balanced */
+	LB_DROP_NOT_UNICAST,   /* a broadcast or multicast frame carrying a packet for a service:
+				* never balanced (every host on the segment received it) */
+	LB_DROP_VLAN,          /* a packet for a service in a frame tagged with a VLAN id other than 0:
+				* not from the segment lb serves */
+	LB_DROP_EXT_HEADER,    /* IPv6 to an address with services behind extension headers lb does
+				* not follow (a routing header of type 0 or with segments left, AH,
+				* a chain longer than lb parses): its port is unknown, never passed */
+	LB_FRAG_RECORDED,      /* a first fragment's backend recorded for its later fragments */
+	LB_FRAG_FOLLOWED,      /* a later fragment sent to the backend its first fragment went to */
+	LB_FRAG_UNMATCHED,     /* a later fragment without a record: the fragment route decided */
 	LB_STAT_MAX,
 };
 

@@ -20,6 +20,19 @@
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
+/* IPv6 extension headers lb walks (RFC 8200 section 4), and the others it knows by number so
+ * that it never mistakes one for an upper-layer protocol. */
+#define IPV6_HOPOPTS 0
+#define IPV6_ROUTING 43
+#define IPV6_FRAGMENT 44
+#define IPV6_DSTOPTS 60
+#define IPV6_AH 51
+#define IPV6_NONXT 59
+#define IPV6_MOBILITY 135
+#define IPV6_HIP 139
+#define IPV6_SHIM6 140
+/* At most this many extension headers are walked before the upper-layer header. */
+#define LB_IPV6_EXT_MAX 4
 
 struct cursor {
 	void *pos;
@@ -45,13 +58,16 @@ enum l4 {
 };
 
 /* The ports of a TCP or UDP header, as the packet's bytes (network order), in one word:
- * source port in the low half, destination port in the high half (memory order). */
-static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags)
+ * source port in the low half, destination port in the high half (memory order). `left`: the
+ * bytes of the IP datagram from the cursor on, by its own length fields. The header must lie
+ * inside the datagram, not merely inside the frame: Ethernet padding behind a short datagram
+ * is not part of it and never supplies ports. */
+static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags, __u32 left)
 {
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = take(c, sizeof(*th));
 
-		if (!th || th->doff < 5)
+		if (!th || th->doff < 5 || left < sizeof(*th))
 			return L4_MALFORMED;
 		*ports = *(__u32 *)th;
 		*tcp_flags = ((__u8 *)th)[13];
@@ -60,13 +76,98 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 	if (proto == IPPROTO_UDP) {
 		struct udphdr *uh = take(c, sizeof(*uh));
 
-		if (!uh)
+		if (!uh || left < sizeof(*uh))
 			return L4_MALFORMED;
 		*ports = *(__u32 *)uh;
 		return L4_PORTS;
 	}
 	return L4_OTHER;
 }
+
+/* Whether `nh` names an IPv6 extension header (rather than an upper-layer protocol). */
+static __always_inline int ipv6_ext(__u8 nh)
+{
+	return nh == IPV6_HOPOPTS || nh == IPV6_ROUTING || nh == IPV6_FRAGMENT || nh == IPV6_DSTOPTS ||
+	       nh == IPV6_AH || nh == IPV6_MOBILITY || nh == IPV6_HIP || nh == IPV6_SHIM6;
+}
+
+/* What parse_ipv6_ext() found behind an IPv6 header. */
+struct ipv6_ext {
+	__u32 left;     /* bytes of the payload from the cursor on */
+	__be32 id;      /* a fragment header's identification */
+	__u8 nh;        /* the next header after the last one walked */
+	__u8 frag;      /* 0: no fragment header (or an atomic fragment), 1: a first fragment,
+			 * 2: a later one (the cursor is then in the middle of the datagram) */
+	__u8 odd;       /* headers lb must not balance behind (see handle_ipv6()) */
+	__u8 malformed; /* a header cut short or longer than the payload */
+};
+
+/* Walks up to LB_IPV6_EXT_MAX extension headers from `nh` (hop-by-hop, destination options,
+ * routing, fragment), `left` bytes of payload from the cursor on. Each header is bounded by the
+ * frame (take()) and by the payload length. Stops at anything else, or after a later
+ * fragment's header. */
+static __always_inline struct ipv6_ext parse_ipv6_ext(struct cursor *c, __u8 nh, __u32 left)
+{
+	struct ipv6_ext x = { .nh = nh, .left = left };
+
+#pragma unroll
+	for (int i = 0; i < LB_IPV6_EXT_MAX; i++) {
+		if (x.nh == IPV6_HOPOPTS || x.nh == IPV6_DSTOPTS || x.nh == IPV6_ROUTING) {
+			__u8 *o = take(c, 8);
+			__u32 len;
+
+			if (!o)
+				goto malformed;
+			len = ((__u32)o[1] + 1) * 8;
+			if (len > x.left || (len > 8 && !take(c, len - 8)))
+				goto malformed;
+			/* Type 0 is deprecated (RFC 5095); segments left: not the final destination.
+			 * Hop-by-hop options only ever come first. */
+			if ((x.nh == IPV6_ROUTING && (o[2] == 0 || o[3] != 0)) || (x.nh == IPV6_HOPOPTS && i != 0))
+				x.odd = 1;
+			x.left -= len;
+			x.nh = o[0];
+			continue;
+		}
+		if (x.nh == IPV6_FRAGMENT) {
+			__u8 *o = take(c, 8);
+			__u16 off;
+
+			if (!o || x.left < 8)
+				goto malformed;
+			x.left -= 8;
+			x.nh = o[0];
+			off = bpf_ntohs(*(__be16 *)(o + 2));
+			if (x.frag)
+				x.odd = 1; /* two fragment headers */
+			x.id = *(__be32 *)(o + 4);
+			if (off & 0xfff8) {
+				x.frag = 2;
+				break;
+			}
+			if (off & 1)
+				x.frag = 1;
+			continue;
+		}
+		break;
+	}
+	return x;
+malformed:
+	x.malformed = 1;
+	return x;
+}
+
+/* What every fragment of one datagram carries: its key in frag.h's frag_routes. IPv4
+ * addresses in src[0] and dst[0], the rest zero; IPv4's 16-bit identification in the low half
+ * of `id` (as read from the packet). */
+struct lb_frag_key {
+	__be32 src[4];
+	__be32 dst[4];
+	__be32 id;
+	__u8 proto;  /* the upper-layer protocol: IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family; /* enum lb_family */
+	__u8 pad[2];
+};
 
 /* What the forwarding steps need to know of a packet once it is parsed. */
 struct pkt {
@@ -80,6 +181,12 @@ struct pkt {
 	__u8 tos;     /* IPv4 TOS or IPv6 traffic class: copied to an outer header */
 	__u8 df;      /* IPv4: don't-fragment is set; IPv6: always 1 (routers never fragment it) */
 	__u8 icmp;    /* an ICMP error being routed: never answered with another ICMP error */
+	__u8 refuse;  /* 0, or the enum lb_stat drop reason of a frame lb never balances (not
+		       * unicast to it, or from another VLAN): counted once it is for a service */
+	__be16 dport; /* a first fragment's destination port */
+	/* A first fragment's datagram (on the handler's stack): send() records the backend it
+	 * goes to there for the later fragments (frag.h). NULL for every other packet. */
+	const struct lb_frag_key *frag;
 };
 
 #endif /* LB_PARSE_H */

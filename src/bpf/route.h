@@ -4,7 +4,7 @@
  * service's destination table its flow hash selects, which backend that slot holds, and sending
  * the frame there in the service's forwarding mode. Kept apart from the flow table (flow.h),
  * which only decides which backend a flow keeps and then hands it to send() here.
- * Included by lb.bpf.c after lb.h, parse.h, maps.h and encap.h, whose names it uses. */
+ * Included by lb.bpf.c after lb.h, parse.h, maps.h, encap.h and frag.h, whose names it uses. */
 #ifndef LB_ROUTE_H
 #define LB_ROUTE_H
 
@@ -54,6 +54,13 @@ static __always_inline const struct lb_service *find_route(const __u32 a[4], __u
 	return r;
 }
 
+/* Whether an address has any service of `family` (it has a fragment route, port 0, per
+ * protocol): a packet for it whose port lb cannot read is dropped rather than passed. */
+static __always_inline int has_services(const __u32 a[4], __u8 family)
+{
+	return find_route(a, key_tail(0, IPPROTO_TCP, family)) || find_route(a, key_tail(0, IPPROTO_UDP, family));
+}
+
 /* The backend id the route's table gives `hash`, or 0 with the drop already counted. */
 static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
 {
@@ -84,6 +91,10 @@ static __always_inline int send(struct pkt *p, const struct lb_service *svc, __u
 
 	if (!be || !(be->flags & LB_BACKEND_MAC_KNOWN))
 		return count(LB_DROP_NO_MAC, XDP_DROP);
+	/* Whoever chose the backend (the flow table or the destination table), a first fragment's
+	 * later fragments go where it goes. */
+	if (p->frag)
+		frag_record(p->frag, p->dport, id, p->hash);
 	if (svc->forward != LB_FWD_L2)
 		return encap(p, svc, id, be);
 	__builtin_memcpy(p->eth->h_dest, be->mac, 6);

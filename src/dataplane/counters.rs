@@ -119,9 +119,11 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
     let mut snap = Snapshot {
         forwarded: 0,
         passed: percpu_sum(stats, S::LB_STAT_PASSED.0)?,
-        drops: Vec::with_capacity(8),
+        drops: Vec::with_capacity(11),
         conntrack: Vec::with_capacity(6),
         icmp_forwarded: percpu_sum(stats, S::LB_ICMP_FORWARDED.0)?,
+        other_host: percpu_sum(stats, S::LB_STAT_OTHER_HOST.0)?,
+        fragments: Vec::with_capacity(3),
         services: Vec::new(),
     };
     for (name, stat) in drop_counters() {
@@ -130,11 +132,14 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
     for (name, stat) in ct_counters() {
         snap.conntrack.push((name, percpu_sum(stats, stat.0)?));
     }
+    for (name, stat) in fragment_counters() {
+        snap.fragments.push((name, percpu_sum(stats, stat.0)?));
+    }
     Ok(snap)
 }
 
 /// Counter names and their enum lb_stat values, in the data plane's order.
-fn drop_counters() -> [(&'static str, types::lb_stat); 10] {
+fn drop_counters() -> [(&'static str, types::lb_stat); 13] {
     use types::lb_stat as S;
     [
         ("malformed", S::LB_DROP_MALFORMED),
@@ -147,7 +152,16 @@ fn drop_counters() -> [(&'static str, types::lb_stat); 10] {
         ("encap", S::LB_DROP_ENCAP),
         ("too_big_limited", S::LB_DROP_TOO_BIG_LIMITED),
         ("too_big_below_min", S::LB_DROP_TOO_BIG_BELOW_MIN),
+        ("not_unicast", S::LB_DROP_NOT_UNICAST),
+        ("vlan", S::LB_DROP_VLAN),
+        ("ext_header", S::LB_DROP_EXT_HEADER),
     ]
+}
+
+/// The fragment table's events (src/bpf/frag.h).
+fn fragment_counters() -> [(&'static str, types::lb_stat); 3] {
+    use types::lb_stat as S;
+    [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED)]
 }
 
 fn ct_counters() -> [(&'static str, types::lb_stat); 6] {

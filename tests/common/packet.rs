@@ -1,6 +1,6 @@
 //! A small frame builder for packet fixtures: Ethernet (optionally 802.1Q-tagged), IPv4 (with
-//! options and fragment fields), IPv6, TCP, UDP, ICMP and ARP, with correct lengths and IPv4
-//! header checksums.
+//! options and fragment fields), IPv6 (with extension headers and fragments), TCP, UDP, ICMP
+//! and ARP, with correct lengths and IPv4 header checksums.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -70,6 +70,8 @@ pub struct V4Opts {
     pub frag_offset: u16,
     /// Don't-fragment flag.
     pub dont_fragment: bool,
+    /// The identification (None: 0x1234).
+    pub id: Option<u16>,
 }
 
 pub fn csum(bytes: &[u8]) -> u16 {
@@ -101,7 +103,7 @@ pub fn ipv4(vlan: Option<u16>, src: Ipv4Addr, dst: Ipv4Addr, l4: L4, opts: &V4Op
     let hlen = 20 + options.len();
     let mut ip = vec![0x40 | (hlen / 4) as u8, 0];
     ip.extend_from_slice(&((hlen + body.len()) as u16).to_be_bytes());
-    ip.extend_from_slice(&0x1234u16.to_be_bytes());
+    ip.extend_from_slice(&opts.id.unwrap_or(0x1234).to_be_bytes());
     let frag = (if opts.more_fragments { 0x2000 } else { 0 }) | (if opts.dont_fragment { 0x4000 } else { 0 }) | opts.frag_offset;
     ip.extend_from_slice(&frag.to_be_bytes());
     ip.extend_from_slice(&[64, l4.proto(), 0, 0]);
@@ -131,6 +133,106 @@ pub fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, l4: L4, next_header: Option<u8>, paylo
     f.extend_from_slice(&src.octets());
     f.extend_from_slice(&dst.octets());
     f.extend_from_slice(&body);
+    f
+}
+
+/// An IPv6 extension header, for [`ipv6_ext`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ext {
+    /// Hop-by-hop options: 8 bytes of padding.
+    HopByHop,
+    /// Destination options: (units + 1) * 8 bytes of padding.
+    DestOpts { units: u8 },
+    /// A routing header of type `kind` with one address (24 bytes).
+    Routing { kind: u8, segments_left: u8 },
+    /// A fragment header: offset in 8-byte units, the M flag, the identification.
+    Fragment { offset: u16, more: bool, id: u32 },
+    /// An authentication header (24 bytes).
+    Ah,
+}
+
+impl Ext {
+    pub fn id(&self) -> u8 {
+        match self {
+            Ext::HopByHop => 0,
+            Ext::DestOpts { .. } => 60,
+            Ext::Routing { .. } => 43,
+            Ext::Fragment { .. } => 44,
+            Ext::Ah => 51,
+        }
+    }
+
+    fn bytes(&self, next: u8) -> Vec<u8> {
+        match *self {
+            Ext::HopByHop => vec![next, 0, 1, 4, 0, 0, 0, 0],
+            Ext::DestOpts { units } => {
+                let len = (units as usize + 1) * 8;
+                let mut b = vec![next, units, 1, (len - 4) as u8];
+                b.resize(len, 0);
+                b
+            }
+            Ext::Routing { kind, segments_left } => {
+                let mut b = vec![next, 2, kind, segments_left, 0, 0, 0, 0];
+                b.extend_from_slice(&v6("2001:db8::feed").octets());
+                b
+            }
+            Ext::Fragment { offset, more, id } => {
+                let mut b = vec![next, 0];
+                b.extend_from_slice(&(offset << 3 | more as u16).to_be_bytes());
+                b.extend_from_slice(&id.to_be_bytes());
+                b
+            }
+            Ext::Ah => {
+                let mut b = vec![next, 4, 0, 0];
+                b.resize(24, 0x5a);
+                b
+            }
+        }
+    }
+}
+
+/// An IPv6 frame with extension headers `exts` in order before `l4`. Behind a fragment header
+/// with a non-zero offset (a later fragment), the frame carries `payload` only.
+pub fn ipv6_ext(src: Ipv6Addr, dst: Ipv6Addr, exts: &[Ext], l4: L4, payload: &[u8]) -> Vec<u8> {
+    let later = exts.iter().any(|e| matches!(e, Ext::Fragment { offset, .. } if *offset > 0));
+    let upper = if l4 == L4::IcmpEcho { 58 } else { l4.proto() };
+    let mut body = Vec::new();
+    for (i, e) in exts.iter().enumerate() {
+        body.extend_from_slice(&e.bytes(exts.get(i + 1).map_or(upper, |n| n.id())));
+    }
+    if later {
+        body.extend_from_slice(payload);
+    } else if l4 == L4::IcmpEcho {
+        body.extend_from_slice(&[128, 0, 0, 0, 0, 1, 0, 1]);
+        body.extend_from_slice(payload);
+    } else {
+        body.extend_from_slice(&l4.bytes(payload));
+    }
+    let mut f = ethernet(None, 0x86DD);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    f.push(exts.first().map_or(upper, |e| e.id()));
+    f.push(64);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// `frame` with its 802.1Q tag set to VLAN id `vid` (one is inserted when it has none).
+pub fn tagged(frame: &[u8], vid: u16) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    if f[12..14] != [0x81, 0x00] {
+        f.splice(12..12, [0x81, 0x00, 0, 0]);
+    }
+    f[14..16].copy_from_slice(&vid.to_be_bytes());
+    f
+}
+
+/// `frame` addressed to `mac` instead of lb's interface.
+pub fn to_mac(frame: &[u8], mac: [u8; 6]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[0..6].copy_from_slice(&mac);
     f
 }
 
