@@ -36,7 +36,7 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 	const struct lb_service *svc;
 	__u32 hlen, qports, cports, dst[4] = {};
 	struct iphdr *q;
-	__u64 h;
+	__u64 l[2];
 	__u32 *ports;
 
 	if (!ic || ic->type != ICMP_DEST_UNREACH_)
@@ -61,9 +61,10 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 		return count(LB_STAT_PASSED, XDP_PASS);
 	/* The client's own packets: its port first, then the service's. */
 	cports = qports >> 16 | qports << 16;
-	h = hash16_64((__u64)q->daddr | (__u64)q->saddr << 32, (__u64)cports | (__u64)q->protocol << 32);
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(q->daddr) : (__u32)h;
-	return route_icmp(p, svc, h, q->protocol);
+	l[0] = (__u64)q->daddr | (__u64)q->saddr << 32;
+	l[1] = (__u64)cports | (__u64)q->protocol << 32;
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(q->daddr) : hash16(l[0], l[1]);
+	return route_icmp(p, svc, flow_tag16(l[0], l[1]), q->protocol);
 }
 
 /* ICMPv6 destination unreachable or packet too big, likewise. */
@@ -74,7 +75,7 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	__u32 qports, cports, dst[4];
 	struct ipv6hdr *q;
 	__u32 *ports;
-	__u64 l[5], h;
+	__u64 l[5];
 
 	if (!ic || (ic->icmp6_type != ICMPV6_DEST_UNREACH_ && ic->icmp6_type != ICMPV6_PKT_TOOBIG_))
 		return count(LB_STAT_PASSED, XDP_PASS);
@@ -97,9 +98,8 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	__builtin_memcpy(l, &q->daddr, 16);
 	__builtin_memcpy(&l[2], dst, 16);
 	l[4] = (__u64)cports | (__u64)q->nexthdr << 32;
-	h = hash40_64(l);
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
-	return route_icmp(p, svc, h, q->nexthdr);
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
+	return route_icmp(p, svc, flow_tag40(l), q->nexthdr);
 }
 
 /* IPv4: any header length (options skipped), the whole datagram present, TCP or UDP.
@@ -111,7 +111,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	__u32 hlen, ports = 0, dst[4] = {};
 	__u8 tcp_flags = 0;
 	int fragment;
-	__u64 h = 0;
+	__u64 l[2] = {};
 
 	if (!iph)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
@@ -145,11 +145,13 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	if (svc->hash_mode != LB_HASH_CLIENT_IP && fragment)
 		return count(LB_DROP_FRAGMENT, XDP_DROP);
 	/* A fragment without ports cannot be told apart from its flow's others: the table. */
-	if (!fragment && (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)))
-		h = hash16_64((__u64)iph->saddr | (__u64)iph->daddr << 32, (__u64)ports | (__u64)iph->protocol << 32);
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : (__u32)h;
+	if (!fragment) {
+		l[0] = (__u64)iph->saddr | (__u64)iph->daddr << 32;
+		l[1] = (__u64)ports | (__u64)iph->protocol << 32;
+	}
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : hash16(l[0], l[1]);
 	if ((svc->flags & LB_SVC_CONNTRACK) && !fragment)
-		return tracked(p, svc, h, iph->protocol, tcp_flags);
+		return tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags);
 	return forward(p, svc);
 }
 
@@ -161,7 +163,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	const struct lb_service *svc;
 	__u32 ports = 0, dst[4];
 	__u8 tcp_flags = 0;
-	__u64 l[5], h = 0;
+	__u64 l[5];
 	enum l4 l4;
 
 	if (!ip6)
@@ -185,13 +187,10 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (!svc)
 		return count(LB_STAT_PASSED, XDP_PASS);
 	__builtin_memcpy(l, &ip6->saddr, 32); /* source, then destination: lanes 0-3 */
-	if (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)) {
-		l[4] = (__u64)ports | (__u64)ip6->nexthdr << 32;
-		h = hash40_64(l);
-	}
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
+	l[4] = (__u64)ports | (__u64)ip6->nexthdr << 32;
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
 	if (svc->flags & LB_SVC_CONNTRACK)
-		return tracked(p, svc, h, ip6->nexthdr, tcp_flags);
+		return tracked(p, svc, flow_tag40(l), ip6->nexthdr, tcp_flags);
 	return forward(p, svc);
 }
 
