@@ -63,6 +63,13 @@ impl Dataplane {
         Ok(out)
     }
 
+    /// Writes slot `slot` of the flow table whole, for tests that set up what another CPU would
+    /// be doing (a slot claimed and being written: tag LB_FLOW_BUSY).
+    pub fn write_flow_slot(&self, slot: u32, f: &types::lb_flow) -> Result<()> {
+        self.skel.maps.flows.update(&slot.to_ne_bytes(), super::encode::bytes_of(f), MapFlags::ANY)?;
+        Ok(())
+    }
+
     /// Every slot of the flow table (or of the half-open table) that holds a flow, whole: for
     /// tests that look at an entry's state bits.
     pub fn flow_table(&self, pending: bool) -> Result<Vec<(u32, types::lb_flow)>> {
