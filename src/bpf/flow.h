@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /* Connection tracking: the flow table (`flows`) and the half-open table (`flow_pending`), both
- * laid out as lb.h's struct lb_flow describes. Here: time in ticks, a slot's packed word, the
- * two buckets a flow's tag may live in, lookup, insert and end, whether an entry still leads to
- * a live backend, and the policy on top (tracked(): which packets make, keep, promote or remake
- * an entry, with or without the ct_guard; route_icmp(): an ICMP error to its flow's backend).
- * Its own header, as conntrack is its own concern beside routing: route.h decides for a flow
- * that has no usable entry, this file decides whether it has one. The two maps are defined here
- * because no other part of the program touches them. Included by lb.bpf.c after maps.h
- * (lb_settings, backends, backend_gen, count()), parse.h (the TCP flags) and route.h (pick(),
- * send()). */
+ * laid out as lb.h's struct lb_flow describes, and the secret key of their tags (`flow_key`).
+ * Here: a flow's keyed tag, time in ticks of the kernel's clock, a slot's packed word and state
+ * bits, the two buckets a flow's tag may live in, lookup, claim-and-insert and end, whether an
+ * entry still leads to a live backend and whether a promotion may take its slot, and the policy
+ * on top (tracked(): which packets make, keep, confirm, promote, reset or remake an entry, with
+ * or without the ct_guard; route_icmp(): an ICMP error to its flow's backend). Its own header,
+ * as conntrack is its own concern beside routing: route.h decides for a flow that has no usable
+ * entry, this file decides whether it has one. The three maps are defined here because no other
+ * part of the program touches them. Included by lb.bpf.c after maps.h (lb_settings, backends,
+ * backend_gen, count()), parse.h (the TCP flags), hash.h (SipHash) and route.h (pick(),
+ * send()). docs/data-plane.md ("Connection tracking against crafted packets") and
+ * docs/security.md say what each rule defends against. */
 #ifndef LB_FLOW_H
 #define LB_FLOW_H
 
