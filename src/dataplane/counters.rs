@@ -188,7 +188,7 @@ fn count_flows(m: &dyn MapCore) -> Result<u64> {
     let mut n = 0;
     for (_, v) in m.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
         let tag = v.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes);
-        n += (tag & 1) as u64;
+        n += tag & 1;
     }
     Ok(n)
 }
