@@ -205,7 +205,7 @@ fn root_a_flow_tag_cannot_be_forged_from_the_documented_hash() {
 
 /// Entries of the flow table, by tag: (backend id, gen bits).
 fn entries(dp: &Balancer) -> Vec<(u64, u16, u16)> {
-    dp.flow_table(false).expect("table").iter().map(|(_, f)| (f.tag, f.backend, f.gen)).collect()
+    dp.flow_table(false).expect("table").iter().map(|(_, f)| (f.tag, f.backend, f.gen_flags)).collect()
 }
 
 /// Four flows fill a one-bucket flow table and are confirmed (a packet a refresh interval after
@@ -372,7 +372,7 @@ fn root_a_slot_another_cpu_is_writing_is_neither_read_nor_taken() {
     for slot in 0..4 {
         // The rest: the field the upgrade test's build adds (cargo feature layout-test).
         #[allow(clippy::needless_update)]
-        let f = types::lb_flow { tag: busy, backend: other as u16, gen: 0, seen: 0, ..Default::default() };
+        let f = types::lb_flow { tag: busy, backend: other as u16, gen_flags: 0, seen: 0, ..Default::default() };
         dp.write_flow_slot(slot, &f).expect("write");
     }
     assert_eq!(tcp(&dp, src, sport, SYN), ip("10.99.0.11"));

@@ -96,11 +96,12 @@ static __always_inline __u32 ct_timeout_ticks(__u8 proto)
 	return ct_ticks(proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms);
 }
 
-/* A slot's backend, gen (and state bits) and seen, read as one word (lb.h says why). */
+/* A slot's backend, gen_flags (split into generation and state bits) and seen, read as one
+ * word (lb.h says why). */
 struct flow_word {
 	__u32 backend;
 	__u32 gen;   /* LB_FLOW_GEN_MASK bits */
-	__u32 flags; /* the other bits of lb_flow.gen */
+	__u32 flags; /* the other bits of lb_flow.gen_flags */
 	__u32 seen;
 };
 

@@ -107,7 +107,7 @@ enum lb_flow_table_layout {
 	LB_FLOW_BUSY = 2,
 };
 
-/* The bits of struct lb_flow's `gen`: the id's generation (low bits) and the entry's state. */
+/* The bits of struct lb_flow's `gen_flags`: the id's generation (low bits) and the entry's state. */
 enum lb_flow_gen_bits {
 	LB_FLOW_GEN_MASK = 0x1fff,  /* the low 13 bits of the id's generation when the flow started */
 	LB_FLOW_UDP = 0x2000,       /* a UDP flow (its timeout is ct_udp_timeout_ms) */
@@ -122,15 +122,18 @@ enum lb_flow_gen_bits {
  * hash, so that nobody outside can make two flows share a tag or pick their bucket) with bit 0
  * set; 0 is a free slot, LB_FLOW_BUSY one being written. The first bucket is picked by the tag's
  * bits 32 and up, the second by bits 8 to 31, so a tag alone says where its slot belongs in a
- * table of any size. backend, gen and seen are written and read as one 8-byte word; a writer
+ * table of any size. backend, gen_flags and seen are written and read as one 8-byte word; a writer
  * first claims the slot by swapping its tag for LB_FLOW_BUSY (compare-and-swap from the value it
  * saw), and a reader checks the tag again after reading the word. */
 struct lb_flow {
 	__u64 tag;
 	__u16 backend; /* backend id (ids are below LB_MAX_BACKENDS = 65536) */
-	__u16 gen;     /* LB_FLOW_GEN_MASK: the low bits of the id's generation when the flow
-			* started (the entry counts only while backend_gen still says so: ids are
-			* reused); the other bits: enum lb_flow_gen_bits */
+	__u16 gen_flags; /* LB_FLOW_GEN_MASK: the low bits of the id's generation when the flow
+			  * started (the entry counts only while backend_gen still says so: ids are
+			  * reused); the other bits: enum lb_flow_gen_bits. (Named apart from the
+			  * `gen` of earlier versions, which held 16 bits of generation and no
+			  * flags, so that an upgrade never reads one as the other: the tables'
+			  * layouts differ, and their entries are carried, see docs/restarts.md.) */
 	__u32 seen;    /* CLOCK_MONOTONIC in ticks of 2^24 ns (about 16.8 ms) when last refreshed
 			* (bpf_ktime_get_coarse_ns() >> 24; wraps after two years) */
 #ifdef LB_LAYOUT_TEST
