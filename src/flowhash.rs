@@ -32,8 +32,8 @@ pub fn hash_bytes(bytes: &[u8]) -> u32 {
     hash_bytes64(bytes) as u32
 }
 
-/// All 64 bits of the hash, before it is cut to 32: the flow tables' tag and bucket (src/bpf/lb.h,
-/// struct lb_flow) come from the `flow` input's.
+/// All 64 bits of the hash, before it is cut to 32. (The flow tables' tags are not made from it
+/// but from a keyed hash of the same input: [`flow_tag`].)
 pub fn hash_bytes64(bytes: &[u8]) -> u64 {
     let mut h = SEED ^ (bytes.len() as u64).wrapping_mul(K);
     for lane in bytes.chunks(8) {
@@ -69,11 +69,56 @@ pub fn hash_input(mode: HashMode, src: IpAddr, dst: IpAddr, sport: u16, dport: u
     b
 }
 
-/// The flow-table tag of a flow from `src:sport` to `dst:dport` (its 64-bit `flow` hash with bit
-/// 0 set); [`tag_bucket`] and [`tag_bucket2`] are the two buckets, among `buckets` (a power of
-/// two), where it may live.
-pub fn flow_tag(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8) -> u64 {
-    hash_bytes64(&hash_input(HashMode::Flow, src, dst, sport, dport, proto)) | 1
+/// The flow-table tag of a flow from `src:sport` to `dst:dport` under the data plane's secret
+/// `key` (lb.h, struct lb_flow_key): SipHash-1-3 of the `flow` input's lanes, with bit 0 set
+/// (src/bpf/hash.h says why a keyed function and not the flow hash); [`tag_bucket`] and
+/// [`tag_bucket2`] are the two buckets, among `buckets` (a power of two), where it may live.
+pub fn flow_tag(key: [u64; 2], src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8) -> u64 {
+    siphash::<1, 3>(key, &hash_input(HashMode::Flow, src, dst, sport, dport, proto)) | 1
+}
+
+/// SipHash-C-D (Aumasson and Bernstein) of `bytes` under `key`, as src/bpf/hash.h computes it for
+/// C = 1, D = 3 (its inputs are whole lanes; a partial last lane is handled here as the
+/// reference does, so that the tests can check this against SipHash-2-4 test vectors).
+pub fn siphash<const C: usize, const D: usize>(key: [u64; 2], bytes: &[u8]) -> u64 {
+    let mut v = [
+        key[0] ^ 0x736f_6d65_7073_6575,
+        key[1] ^ 0x646f_7261_6e64_6f6d,
+        key[0] ^ 0x6c79_6765_6e65_7261,
+        key[1] ^ 0x7465_6462_7974_6573,
+    ];
+    let round = |v: &mut [u64; 4]| {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
+    };
+    let lane = |v: &mut [u64; 4], m: u64| {
+        v[3] ^= m;
+        for _ in 0..C {
+            round(v);
+        }
+        v[0] ^= m;
+    };
+    let whole = bytes.len() / 8 * 8;
+    for l in bytes[..whole].chunks(8) {
+        lane(&mut v, u64::from_le_bytes([l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7]]));
+    }
+    let mut last = [0u8; 8];
+    last[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+    last[7] = bytes.len() as u8;
+    lane(&mut v, u64::from_le_bytes(last));
+    v[2] ^= 0xff;
+    for _ in 0..D {
+        round(&mut v);
+    }
+    v[0] ^ v[1] ^ v[2] ^ v[3]
 }
 
 pub fn tag_bucket(tag: u64, buckets: u32) -> u32 {
@@ -130,6 +175,28 @@ mod tests {
             flow_hash(HashMode::Flow, ip("2001:db8::7"), ip("fd00::100"), 40001, 443, 6),
         ];
         assert_eq!(got, [0xbb05b28e, 0x376bb508, 0x3806141a, 0xc018f2f1]);
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn siphash_2_4_is_the_reference_and_the_tag_depends_on_the_key() {
+        use std::hash::Hasher;
+        // std's SipHasher is SipHash-2-4: the same rounds, so SipHash-1-3 is right too.
+        for len in [0usize, 7, 8, 15, 16, 40, 63] {
+            let bytes: Vec<u8> = (0..len as u8).collect();
+            let mut h = std::hash::SipHasher::new_with_keys(0x0706050403020100, 0x0f0e0d0c0b0a0908);
+            h.write(&bytes);
+            assert_eq!(siphash::<2, 4>([0x0706050403020100, 0x0f0e0d0c0b0a0908], &bytes), h.finish(), "len {len}");
+        }
+        // The paper's test vector: 15 bytes 00..0e under key 00..0f.
+        let bytes: Vec<u8> = (0..15u8).collect();
+        assert_eq!(siphash::<2, 4>([0x0706050403020100, 0x0f0e0d0c0b0a0908], &bytes), 0xa129ca6149be45e5);
+        let (c, v) = (ip("192.0.2.7"), ip("10.99.0.100"));
+        let a = flow_tag([1, 2], c, v, 40000, 80, 6);
+        assert_eq!(a & 1, 1);
+        assert_ne!(a, flow_tag([1, 3], c, v, 40000, 80, 6));
+        assert_ne!(a, flow_tag([1, 2], c, v, 40000, 81, 6));
+        assert_ne!(a, flow_tag([1, 2], c, v, 40000, 80, 17));
     }
 
     /// Reproducible random inputs, from the tests' one seeded generator.

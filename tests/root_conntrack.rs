@@ -1,7 +1,7 @@
 //! Connection tracking through the real program and maps (BPF_PROG_TEST_RUN): a tracked flow
 //! keeps its backend when the table changes under it, a flow whose backend is gone re-hashes,
-//! drain keeps tracked flows and sends new ones elsewhere, UDP entries age out, a client's RST
-//! ends the entry. Needs root: `cargo test --test root_conntrack`.
+//! drain keeps tracked flows and sends new ones elsewhere, UDP entries age out, a SYN after a
+//! client's RST is a new flow. (Against crafted packets: root_conntrack_trust.rs.) Needs root: `cargo test --test root_conntrack`.
 
 mod common;
 
@@ -181,7 +181,7 @@ fn root_drain_keeps_tracked_flows_and_sends_new_ones_elsewhere() {
 }
 
 #[test]
-fn root_udp_entries_age_out_and_a_reset_ends_a_tcp_entry() {
+fn root_udp_entries_age_out_and_a_reset_makes_the_next_syn_a_new_flow() {
     let (mut dp, a) = setup();
     dp.set_conntrack_timeouts(Duration::from_secs(3600), Duration::from_millis(300)).expect("timeouts");
     let b = pool(&A.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]"));
@@ -203,7 +203,8 @@ fn root_udp_entries_age_out_and_a_reset_ends_a_tcp_entry() {
     for &(src, sport) in &flows {
         assert_eq!(udp(&dp, src, sport), table_says(&b, "dns", src, sport), "idle past the timeout: re-hashed");
     }
-    // TCP entries have an hour; a reset from the client ends them at once.
+    // TCP entries have an hour; after a reset from the client, a SYN on its ports starts a new
+    // flow (the entry itself lives a few seconds more: tests/root_conntrack_trust.rs).
     for &(src, sport) in &tcp_flows {
         assert_eq!(tcp(&dp, src, sport, RST | ACK), table_says(&a, "web", src, sport), "the RST goes where the flow was");
         assert_eq!(tcp(&dp, src, sport, SYN), table_says(&b, "web", src, sport), "the next connection is a new flow");
@@ -278,13 +279,13 @@ fn root_without_the_guard_a_syn_flood_evicts_established_flows() {
 }
 
 #[test]
-fn root_the_flow_tag_is_the_documented_hash() {
+fn root_the_flow_tag_is_the_keyed_hash_user_space_computes() {
     // User space places carried-over flows by the tag it computes: it must be the program's.
     let (dp, a) = setup();
     let s = a.service("web").expect("web");
     let src = Ipv4Addr::new(192, 0, 2, 9);
     let backend = handshake(&dp, src, 4321);
-    let tag = lb::flowhash::flow_tag(src.into(), s.vip, 4321, 80, 6);
+    let tag = lb::flowhash::flow_tag(dp.flow_key().expect("key"), src.into(), s.vip, 4321, 80, 6);
     let slots = dp.flow_slots().expect("slots");
     assert_eq!(slots.len(), 1);
     let (slot, got, id) = slots[0];

@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /* Connection tracking: the flow table (`flows`) and the half-open table (`flow_pending`), both
- * laid out as lb.h's struct lb_flow describes. Here: time in ticks, a slot's packed word, the
- * two buckets a flow's tag may live in, lookup, insert and end, whether an entry still leads to
- * a live backend, and the policy on top (tracked(): which packets make, keep, promote or remake
- * an entry, with or without the ct_guard; route_icmp(): an ICMP error to its flow's backend).
- * Its own header, as conntrack is its own concern beside routing: route.h decides for a flow
- * that has no usable entry, this file decides whether it has one. The two maps are defined here
- * because no other part of the program touches them. Included by lb.bpf.c after maps.h
- * (lb_settings, backends, backend_gen, count()), parse.h (the TCP flags) and route.h (pick(),
- * send()). */
+ * laid out as lb.h's struct lb_flow describes, and the secret key of their tags (`flow_key`).
+ * Here: a flow's keyed tag, time in ticks of the kernel's clock, a slot's packed word and state
+ * bits, the two buckets a flow's tag may live in, lookup, claim-and-insert and end, whether an
+ * entry still leads to a live backend and whether a promotion may take its slot, and the policy
+ * on top (tracked(): which packets make, keep, confirm, promote, reset or remake an entry, with
+ * or without the ct_guard; route_icmp(): an ICMP error to its flow's backend). Its own header,
+ * as conntrack is its own concern beside routing: route.h decides for a flow that has no usable
+ * entry, this file decides whether it has one. The three maps are defined here because no other
+ * part of the program touches them. Included by lb.bpf.c after maps.h (lb_settings, backends,
+ * backend_gen, count()), parse.h (the TCP flags), hash.h (SipHash) and route.h (pick(),
+ * send()). docs/data-plane.md ("Connection tracking against crafted packets") and
+ * docs/security.md say what each rule defends against. */
 #ifndef LB_FLOW_H
 #define LB_FLOW_H
 
@@ -35,37 +38,94 @@ struct {
 	__type(value, struct lb_flow);
 } flow_pending SEC(".maps");
 
-/* Flow tables count time in ticks of 2^LB_CT_TICK_SHIFT ms (16 ms): a 32-bit `seen` lasts two
- * years, and timeouts keep a precision far finer than a second. */
-#define LB_CT_TICK_SHIFT 4
+/* The secret key of the flow tags (lb.h, struct lb_flow_key): written by user space before the
+ * program is attached, pinned, and never changed while the data plane lives. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_flow_key);
+} flow_key SEC(".maps");
+
+/* Makes lb.h's bit names part of the object's BTF, for user space (see maps.h). */
+const volatile enum lb_flow_gen_bits lb_flow_gen_bits_btf = LB_FLOW_GEN_MASK;
+
+/* A flow's tag from its flow-hash lanes (hash.h): 2 lanes for IPv4, 5 for IPv6. */
+static __always_inline __u64 flow_tag16(__u64 a, __u64 b)
+{
+	__u32 zero = 0;
+	const struct lb_flow_key *k = bpf_map_lookup_elem(&flow_key, &zero);
+
+	return k ? sip16(k->k[0], k->k[1], a, b) : 0;
+}
+
+static __always_inline __u64 flow_tag40(const __u64 *l)
+{
+	__u32 zero = 0;
+	const struct lb_flow_key *k = bpf_map_lookup_elem(&flow_key, &zero);
+
+	return k ? sip40(k->k[0], k->k[1], l) : 0;
+}
+
+/* Flow tables count time in ticks of 2^LB_CT_TICK_SHIFT ns (about 16.8 ms) of the kernel's
+ * CLOCK_MONOTONIC, read by the program itself: it keeps running while no controller does (a
+ * clock that only a controller advanced stood still through a restart, then jumped, and every
+ * flow looked idle for the whole gap). The coarse clock: a tick of precision is all it needs,
+ * and it costs a few loads. A 32-bit `seen` lasts two years. */
+#define LB_CT_TICK_SHIFT 24
 /* A tracked flow's `seen` is rewritten at most every 64 ticks (about a second), or a quarter of
  * its timeout if that is shorter: a hit rarely writes. */
 #define LB_CT_REFRESH_TICKS 64
+/* What is left of an entry's life after the client's RST (about 4 s), unless a later packet of
+ * the flow without RST shows it goes on (an RST can be spoofed; its sequence number cannot be
+ * checked here). */
+#define LB_CT_RESET_TICKS 240
+
+static __always_inline __u32 ct_now(void)
+{
+	return bpf_ktime_get_coarse_ns() >> LB_CT_TICK_SHIFT;
+}
+
+static __always_inline __u32 ct_ticks(__u64 ms)
+{
+	return (ms * 1000000 + (1 << LB_CT_TICK_SHIFT) - 1) >> LB_CT_TICK_SHIFT;
+}
 
 static __always_inline __u32 ct_timeout_ticks(__u8 proto)
 {
-	__u64 ms = proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms;
-
-	return (ms + (1 << LB_CT_TICK_SHIFT) - 1) >> LB_CT_TICK_SHIFT;
+	return ct_ticks(proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms);
 }
 
-/* A slot's backend, gen and seen, read as one word (lb.h says why). */
+/* A slot's backend, gen_flags (split into generation and state bits) and seen, read as one
+ * word (lb.h says why). */
 struct flow_word {
 	__u32 backend;
-	__u32 gen;
+	__u32 gen;   /* LB_FLOW_GEN_MASK bits */
+	__u32 flags; /* the other bits of lb_flow.gen_flags */
 	__u32 seen;
 };
 
-static __always_inline __u64 flow_pack(__u32 backend, __u32 gen, __u32 seen)
+static __always_inline __u64 flow_pack(__u32 backend, __u32 gen, __u32 flags, __u32 seen)
 {
-	return (__u64)(backend & 0xffff) | (__u64)(gen & 0xffff) << 16 | (__u64)seen << 32;
+	return (__u64)(backend & 0xffff) | (__u64)((gen & LB_FLOW_GEN_MASK) | (flags & ~LB_FLOW_GEN_MASK & 0xffff)) << 16 |
+	       (__u64)seen << 32;
 }
 
 static __always_inline struct flow_word flow_unpack(__u64 w)
 {
-	struct flow_word f = { .backend = w & 0xffff, .gen = (w >> 16) & 0xffff, .seen = w >> 32 };
+	struct flow_word f = {
+		.backend = w & 0xffff,
+		.gen = (w >> 16) & LB_FLOW_GEN_MASK,
+		.flags = (w >> 16) & 0xffff & ~LB_FLOW_GEN_MASK,
+		.seen = w >> 32,
+	};
 
 	return f;
+}
+
+static __always_inline __u64 flow_repack(const struct flow_word *f)
+{
+	return flow_pack(f->backend, f->gen, f->flags, f->seen);
 }
 
 static __always_inline __u64 *flow_word_of(struct lb_flow *e)
@@ -85,8 +145,9 @@ static __always_inline __u32 flow_slot(__u64 tag, __u32 mask, __u32 k)
 
 /* The slot of `map` holding `tag`, with its word read consistently, or NULL. `choices`: 2 for
  * the flow table (the second bucket's cache line is read only when the first does not hold the
- * flow), 1 for the half-open table, which a flood churns anyway. */
-static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 choices, __u64 tag, struct flow_word *out)
+ * flow), 1 for the half-open table, which a flood churns anyway. A slot being written holds
+ * LB_FLOW_BUSY, which is no flow's tag. */
+static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 choices, __u64 tag, struct flow_word *out, __u64 *word)
 {
 #pragma unroll
 	for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
@@ -100,21 +161,55 @@ static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 ch
 		if (!e || *(volatile __u64 *)&e->tag != tag)
 			continue;
 		w = *(volatile __u64 *)flow_word_of(e);
-		/* Still this flow's after the read: a writer replacing it would have zeroed the tag
-		 * before writing the word. */
+		/* Still this flow's after the read: a writer replacing it would have swapped the
+		 * tag for LB_FLOW_BUSY before writing the word. */
 		if (*(volatile __u64 *)&e->tag != tag)
 			continue;
 		*out = flow_unpack(w);
+		*word = w;
 		return e;
 	}
 	return NULL;
 }
 
-/* Writes a flow into `map`: into the slot that already has its tag (`have`), else a free one of
- * its two buckets, else the one of them seen longest ago. Returns 1 when that forgot another
- * flow. A slot another CPU is writing at the same instant is left to it (the flow is then not
- * recorded). */
-static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 tag, struct lb_flow *have, __u64 word)
+/* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
+ * another backend since, and the flow not idle past `timeout` (ticks; 0: never), or past
+ * LB_CT_RESET_TICKS once reset. */
+static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u32 now)
+{
+	__u32 id = f->backend;
+	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
+	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
+
+	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || (*gen & LB_FLOW_GEN_MASK) != f->gen)
+		return 0;
+	if ((f->flags & LB_FLOW_RESET) && (timeout == 0 || timeout > LB_CT_RESET_TICKS))
+		timeout = LB_CT_RESET_TICKS;
+	return timeout == 0 || now - f->seen < timeout;
+}
+
+/* Whether a promotion may take this slot of `flows`: free, or a flow that is not confirmed, or
+ * one that no longer leads anywhere (expired, reset, its backend gone). A slot being written is
+ * another CPU's. */
+static __always_inline int evictable(__u64 tag, __u64 w, __u32 now)
+{
+	struct flow_word f = flow_unpack(w);
+
+	if (tag == 0)
+		return 1;
+	if (tag == LB_FLOW_BUSY)
+		return 0;
+	if (!(f.flags & LB_FLOW_CONFIRMED))
+		return 1;
+	return !usable(&f, ct_timeout_ticks(f.flags & LB_FLOW_UDP ? IPPROTO_UDP : IPPROTO_TCP), now);
+}
+
+/* Writes a flow into `map`: into `have` (the slot that already has its tag), else a free slot
+ * of its buckets, else the slot seen longest ago among those it may take (with `guarded`, only
+ * evictable() ones; without, any). Every claim is a compare-and-swap of the tag from the value
+ * seen to LB_FLOW_BUSY, so two CPUs never write one slot at once: the one that loses leaves the
+ * flow unrecorded. Returns 1 when that forgot another flow, 0 when written, -1 when not. */
+static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 tag, struct lb_flow *have, __u64 word, int guarded, __u32 now)
 {
 	struct lb_flow *victim = have;
 	__u64 old, oldest = ~0ull;
@@ -124,107 +219,130 @@ static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 
 		for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
 			__u32 k = flow_slot(tag, mask, i);
 			struct lb_flow *e;
-			__u64 seen;
+			__u64 t, w, age;
 
 			if (i >= choices * LB_FLOW_WAYS)
 				break;
 			e = bpf_map_lookup_elem(map, &k);
 			if (!e)
 				continue;
-			if (e->tag == 0) {
+			t = *(volatile __u64 *)&e->tag;
+			if (t == 0) {
 				victim = e;
 				break;
 			}
-			seen = 1 + (__u64)e->seen;
-			if (seen < oldest) {
-				oldest = seen;
+			if (t == LB_FLOW_BUSY)
+				continue;
+			w = *(volatile __u64 *)flow_word_of(e);
+			if (guarded && !evictable(t, w, now))
+				continue;
+			/* Seen longest ago: the largest age on the wrapping clock (kept as its
+			 * complement, so that the smallest wins and ~0 means none yet). */
+			age = 0xffffffffull - (__u32)(now - (__u32)(w >> 32));
+			if (age < oldest) {
+				oldest = age;
 				victim = e;
 			}
 		}
 		if (!victim)
-			return 0;
+			return -1;
 	}
 	old = *(volatile __u64 *)&victim->tag;
-	if (old != 0 && __sync_val_compare_and_swap(&victim->tag, old, 0) != old)
-		return 0;
+	if (old == LB_FLOW_BUSY || (have && old != tag) || __sync_val_compare_and_swap(&victim->tag, old, LB_FLOW_BUSY) != old)
+		return -1;
 	*(volatile __u64 *)flow_word_of(victim) = word;
-	*(volatile __u64 *)&victim->tag = tag;
+	/* An exchange rather than a plain store: a full barrier, so no CPU sees the tag before
+	 * the word. */
+	__sync_lock_test_and_set(&victim->tag, tag);
 	return old != 0 && old != tag;
 }
 
-/* Ends a flow's entry (a reset), unless another flow took the slot meanwhile. */
+/* Forgets a half-open entry once its flow is established, unless another flow took the slot
+ * meanwhile. */
 static __always_inline void flow_end(struct lb_flow *e, __u64 tag)
 {
 	__sync_val_compare_and_swap(&e->tag, tag, 0);
 }
 
-/* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
- * another backend since, and the flow not idle past its protocol's `timeout` (ticks; 0: never). */
-static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u32 now)
-{
-	__u32 id = f->backend;
-	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
-	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
-
-	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || (*gen & 0xffff) != f->gen)
-		return 0;
-	return timeout == 0 || now - f->seen < timeout;
-}
-
-/* Keeps a used entry from ageing out: rewrites `seen` once it is older than the refresh interval. */
-static __always_inline void refresh(struct lb_flow *e, const struct flow_word *f, __u32 timeout, __u32 now)
+/* A hit's bookkeeping, one compare-and-swap of the word when anything changes (lost to a
+ * writer that replaced the slot meanwhile, which is harmless): an RST leaves the entry
+ * LB_CT_RESET_TICKS to live; any other packet clears a reset, rewrites `seen` once it is older
+ * than the refresh interval, and then confirms the entry unless it is a SYN (a retransmitted
+ * SYN proves nothing; a packet a refresh interval after the entry was made shows a flow that
+ * goes on). */
+static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int syn, int rst)
 {
 	__u32 every = timeout / 4;
 
 	if (every == 0 || every > LB_CT_REFRESH_TICKS)
 		every = LB_CT_REFRESH_TICKS;
-	if (now - f->seen >= every)
-		e->seen = now;
+	if (rst) {
+		f.flags |= LB_FLOW_RESET;
+		f.seen = now;
+	} else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= every) {
+		if (!(f.flags & LB_FLOW_RESET) && !syn)
+			f.flags |= LB_FLOW_CONFIRMED;
+		f.flags &= ~LB_FLOW_RESET;
+		f.seen = now;
+	} else {
+		return;
+	}
+	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
 }
 
 /* Connection tracking: a flow with a usable entry goes to its backend whatever the table says
- * now; otherwise the table decides. A flow's first packet (a TCP SYN without ACK, any UDP
- * datagram) is recorded in flow_pending with the backend it went to; its next packet moves that
- * record into `flows`, where it may take the place of the established flow seen longest ago.
- * A stale entry (its backend gone, down, or the flow idle too long) is remade from the table by
- * any packet. With ct_guard off, a first packet goes straight into `flows`. `h` is the flow's
- * 64-bit hash over its 5-tuple. */
-static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 h, __u8 proto, __u8 tcp_flags)
+ * now; otherwise the table decides. With ct_guard on, a flow's first packet (a TCP SYN without
+ * ACK, any UDP datagram) is recorded in flow_pending with the backend it went to; its next
+ * packet makes it an entry of `flows`, taking a free slot or one whose flow is not confirmed or
+ * no longer leads anywhere, never a confirmed flow's (else it stays half-open, counted
+ * no_room); a packet of the flow a refresh interval later confirms it. So spoofed packets,
+ * which lb cannot tell from real ones (it never sees the backend's answers), can only displace
+ * flows younger than about a second. A stale entry (its backend gone, down, the flow idle too
+ * long or reset) is remade from the table by any packet, and so is an entry whose flow is
+ * confirmed or reset when a pure SYN comes: a new connection on the same ports. With ct_guard
+ * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
+ * is the flow's keyed tag (flow_tag16/flow_tag40). */
+static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
 {
-	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT, timeout = ct_timeout_ticks(proto);
-	__u64 tag = h | 1;
+	__u32 now = ct_now(), timeout = ct_timeout_ticks(proto);
 	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
 	int syn = proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	int rst = proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST);
 	/* A packet that may start a flow: a SYN, or any UDP datagram without an entry. */
 	int first = syn || proto == IPPROTO_UDP;
+	__u32 pflags = (proto == IPPROTO_UDP ? LB_FLOW_UDP : 0) | (rst ? LB_FLOW_RESET : 0);
 	struct lb_flow *e, *pe;
 	struct flow_word f;
+	__u64 w;
 
-	e = flow_find(&flows, mask, 2, tag, &f);
+	tag |= 1;
+	e = flow_find(&flows, mask, 2, tag, &f, &w);
 	if (e) {
-		if (usable(&f, timeout, now)) {
-			refresh(e, &f, timeout, now);
-			/* The client reset the connection: it is over, and the next one with these
-			 * ports is a new flow. (Only the client's direction passes here.) */
-			if (tcp_flags & TCP_FLAG_RST)
-				flow_end(e, tag);
+		int ok = usable(&f, timeout, now);
+
+		/* A pure SYN follows an entry only while it may be the handshake's own (sent
+		 * again): not once the flow was confirmed or reset. */
+		if (ok && !(syn && (f.flags & (LB_FLOW_CONFIRMED | LB_FLOW_RESET)))) {
+			refresh(e, f, w, timeout, now, syn, rst);
 			count(LB_CT_HIT, 0);
 			return send(p, svc, f.backend);
 		}
-		count(LB_CT_STALE, 0);
+		if (!ok)
+			count(LB_CT_STALE, 0);
 		id = pick(svc, p->hash);
 		if (id == 0)
 			return XDP_DROP;
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		flow_put(&flows, mask, 2, tag, e, flow_pack(id, gen ? *gen : 0, now));
+		flow_put(&flows, mask, 2, tag, e, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
 		count(LB_CT_NEW, 0);
 		return send(p, svc, id);
 	}
 	count(LB_CT_MISS, 0);
 	if (lb_settings.ct_guard) {
-		pe = flow_find(&flow_pending, pmask, 1, tag, &f);
+		pe = flow_find(&flow_pending, pmask, 1, tag, &f, &w);
 		if (pe) {
 			int stale = !usable(&f, timeout, now);
+			int put;
 
 			if (stale) {
 				/* Its first packet went to a backend that is gone or down (or long
@@ -240,18 +358,28 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 			if (syn) {
 				/* A SYN sent again: where the first one went. */
 				if (stale)
-					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, now));
+					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
 				else
 					count(LB_CT_HIT, 0);
 				return send(p, svc, f.backend);
 			}
-			/* The flow's next packet: established, with the backend its first went to. */
-			if (!(tcp_flags & TCP_FLAG_RST)) {
-				if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(f.backend, f.gen, now)))
-					count(LB_CT_EVICTED, 0);
-				count(LB_CT_NEW, 0);
+			/* The flow's next packet: established, with the backend its first went to,
+			 * if its buckets have room it may take. */
+			if (!rst) {
+				put = flow_put(&flows, mask, 2, tag, NULL, flow_pack(f.backend, f.gen, pflags, now), 1, now);
+				if (put >= 0) {
+					if (put > 0)
+						count(LB_CT_EVICTED, 0);
+					count(LB_CT_NEW, 0);
+					flow_end(pe, tag);
+				} else {
+					count(LB_CT_NO_ROOM, 0);
+					if (stale)
+						flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+				}
+			} else {
+				flow_end(pe, tag);
 			}
-			flow_end(pe, tag);
 			if (!stale)
 				count(LB_CT_HIT, 0);
 			return send(p, svc, f.backend);
@@ -261,7 +389,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 			return XDP_DROP;
 		if (first) {
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
-			flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(id, gen ? *gen : 0, now));
+			flow_put(&flow_pending, pmask, 1, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
 			count(LB_CT_PENDING, 0);
 		}
 		return send(p, svc, id);
@@ -271,27 +399,28 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 		return XDP_DROP;
 	if (first) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, now)))
+		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now) > 0)
 			count(LB_CT_EVICTED, 0);
 		count(LB_CT_NEW, 0);
 	}
 	return send(p, svc, id);
 }
 
-/* An ICMP error about a service's flow (p->hash already the flow's hash for the table, h its
- * 64-bit hash as the client's own packets have it): to the backend that owns the flow, by the
+/* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its
+ * keyed tag as the client's own packets have it): to the backend that owns the flow, by the
  * flow's entry (looked up, never made or refreshed) or else the same slot as the client's
  * packets. */
-static __always_inline int route_icmp(struct pkt *p, const struct lb_service *svc, __u64 h, __u8 proto)
+static __always_inline int route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
 {
-	__u32 now = lb_settings.clock_ms >> LB_CT_TICK_SHIFT;
-	__u64 tag = h | 1;
+	__u32 now = ct_now();
 	struct flow_word f;
 	__u32 id = 0;
+	__u64 w;
 
+	tag |= 1;
 	if (svc->flags & LB_SVC_CONNTRACK) {
-		if ((flow_find(&flows, lb_settings.ct_mask, 2, tag, &f) ||
-		     flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &f)) &&
+		if ((flow_find(&flows, lb_settings.ct_mask, 2, tag, &f, &w) ||
+		     flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &f, &w)) &&
 		    usable(&f, ct_timeout_ticks(proto), now))
 			id = f.backend;
 	}

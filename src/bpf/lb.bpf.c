@@ -37,7 +37,7 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 	const struct lb_service *svc;
 	__u32 hlen, qports, cports, dst[4] = {};
 	struct iphdr *q;
-	__u64 h;
+	__u64 l[2];
 	__u32 *ports;
 
 	if (!ic || ic->type != ICMP_DEST_UNREACH_)
@@ -64,9 +64,10 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 		return count(p->refuse, XDP_DROP);
 	/* The client's own packets: its port first, then the service's. */
 	cports = qports >> 16 | qports << 16;
-	h = hash16_64((__u64)q->daddr | (__u64)q->saddr << 32, (__u64)cports | (__u64)q->protocol << 32);
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(q->daddr) : (__u32)h;
-	return route_icmp(p, svc, h, q->protocol);
+	l[0] = (__u64)q->daddr | (__u64)q->saddr << 32;
+	l[1] = (__u64)cports | (__u64)q->protocol << 32;
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(q->daddr) : hash16(l[0], l[1]);
+	return route_icmp(p, svc, flow_tag16(l[0], l[1]), q->protocol);
 }
 
 /* ICMPv6 destination unreachable or packet too big, likewise. */
@@ -77,7 +78,7 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	__u32 qports, cports, dst[4];
 	struct ipv6hdr *q;
 	__u32 *ports;
-	__u64 l[5], h;
+	__u64 l[5];
 
 	if (!ic || (ic->icmp6_type != ICMPV6_DEST_UNREACH_ && ic->icmp6_type != ICMPV6_PKT_TOOBIG_))
 		return count(LB_STAT_PASSED, XDP_PASS);
@@ -102,9 +103,8 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	__builtin_memcpy(l, &q->daddr, 16);
 	__builtin_memcpy(&l[2], dst, 16);
 	l[4] = (__u64)cports | (__u64)q->nexthdr << 32;
-	h = hash40_64(l);
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
-	return route_icmp(p, svc, h, q->nexthdr);
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
+	return route_icmp(p, svc, flow_tag40(l), q->nexthdr);
 }
 
 /* A datagram's fragment key: what every one of its fragments carries. */
@@ -162,7 +162,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	struct lb_frag_key k;
 	__u8 tcp_flags = 0;
 	int later, first;
-	__u64 h = 0;
+	__u64 l[2] = {};
 
 	if (!iph)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
@@ -207,11 +207,11 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 		p->frag = &k;
 		p->dport = ports >> 16;
 	}
-	if (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK))
-		h = hash16_64((__u64)iph->saddr | (__u64)iph->daddr << 32, (__u64)ports | (__u64)iph->protocol << 32);
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : (__u32)h;
+	l[0] = (__u64)iph->saddr | (__u64)iph->daddr << 32;
+	l[1] = (__u64)ports | (__u64)iph->protocol << 32;
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : hash16(l[0], l[1]);
 	if (svc->flags & LB_SVC_CONNTRACK)
-		return tracked(p, svc, h, iph->protocol, tcp_flags);
+		return tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags);
 	return forward(p, svc);
 }
 
@@ -228,7 +228,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	__u8 tcp_flags = 0, nh;
 	struct lb_frag_key k;
 	struct ipv6_ext x;
-	__u64 l[5], h = 0;
+	__u64 l[5];
 	enum l4 l4;
 
 	if (!ip6)
@@ -275,13 +275,10 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 		p->frag = &k;
 		p->dport = ports >> 16;
 	}
-	if (svc->hash_mode == LB_HASH_FLOW || (svc->flags & LB_SVC_CONNTRACK)) {
-		l[4] = (__u64)ports | (__u64)nh << 32;
-		h = hash40_64(l);
-	}
-	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : (__u32)h;
+	l[4] = (__u64)ports | (__u64)nh << 32;
+	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
 	if (svc->flags & LB_SVC_CONNTRACK)
-		return tracked(p, svc, h, nh, tcp_flags);
+		return tracked(p, svc, flow_tag40(l), nh, tcp_flags);
 	return forward(p, svc);
 }
 

@@ -89,35 +89,64 @@ enum lb_service_flags {
 };
 
 /* The flow table: which backend each tracked flow started on. A set-associative array rather
- * than a hash map, so that a lookup touches one cache line: the flow's 64-bit hash picks a bucket
- * of LB_FLOW_WAYS slots (64 bytes, aligned), and a slot holds the hash itself as the flow's tag
- * instead of its 37-byte 5-tuple. In `flows`, a flow may also live in a second bucket, read only
- * when the first does not hold it (two choices: a full bucket spills instead of forgetting
- * flows); `flow_pending` uses the first bucket only. Shared by all CPUs (a flow's packets may arrive on any of
- * them), so there are no per-CPU copies to fall out of date. Two of them, of the same slots:
- * `flows`, the established flows, and `flow_pending`, flows seen once (a SYN; a first UDP
+ * than a hash map, so that a lookup touches one cache line: the flow's 64-bit tag picks a bucket
+ * of LB_FLOW_WAYS slots (64 bytes, aligned), and a slot holds the tag instead of the flow's
+ * 37-byte 5-tuple. In `flows`, a flow may also live in a second bucket, read only when the first
+ * does not hold it (two choices: a full bucket spills instead of forgetting flows);
+ * `flow_pending` uses the first bucket only. Shared by all CPUs (a flow's packets may arrive on
+ * any of them), so there are no per-CPU copies to fall out of date. Two of them, of the same
+ * slots: `flows`, the established flows, and `flow_pending`, flows seen once (a SYN; a first UDP
  * datagram), which become established at their next packet. A flood of spoofed first packets
- * fills only flow_pending and never evicts an established flow (see README, "Connection
- * tracking"). User space sizes both and sets the masks in struct lb_config. */
+ * fills only flow_pending; a flood of spoofed pairs (SYN then ACK) reaches `flows` but may only
+ * take slots of flows that are unconfirmed, expired or stale, never those of confirmed ones (see
+ * docs/data-plane.md, "Connection tracking", and docs/security.md). User space sizes both and
+ * sets the masks in struct lb_config. LB_FLOW_BUSY is the tag of a slot a CPU has claimed and is
+ * writing: never a flow's (tags are odd), so lookups skip it and no other writer takes it. */
 enum lb_flow_table_layout {
 	LB_FLOW_WAYS = 4,
+	LB_FLOW_BUSY = 2,
 };
 
-/* A slot of the flow tables. `tag` is the flow's 64-bit hash (README, "Flow hash", before it
- * is cut to 32 bits) with bit 0 set; 0 is a free slot. The first bucket is picked by the hash's
+/* The bits of struct lb_flow's `gen_flags`: the id's generation (low bits) and the entry's state. */
+enum lb_flow_gen_bits {
+	LB_FLOW_GEN_MASK = 0x1fff,  /* the low 13 bits of the id's generation when the flow started */
+	LB_FLOW_UDP = 0x2000,       /* a UDP flow (its timeout is ct_udp_timeout_ms) */
+	LB_FLOW_RESET = 0x4000,     /* the client sent an RST: the entry lives LB_CT_RESET_MS at most
+				     * unless a later packet of the flow without RST clears this */
+	LB_FLOW_CONFIRMED = 0x8000, /* a packet refreshed the entry at least a refresh interval
+				     * after it was made: promotions never take its slot */
+};
+
+/* A slot of the flow tables. `tag` is the flow's keyed tag (hash.h, flow_tag16/flow_tag40:
+ * SipHash-1-3 of the 5-tuple under the data plane's secret flow_key, not the documented flow
+ * hash, so that nobody outside can make two flows share a tag or pick their bucket) with bit 0
+ * set; 0 is a free slot, LB_FLOW_BUSY one being written. The first bucket is picked by the tag's
  * bits 32 and up, the second by bits 8 to 31, so a tag alone says where its slot belongs in a
- * table of any size. backend, gen
- * and seen are written and read as one 8-byte word; a writer first claims the slot by setting
- * its tag to 0 (compare-and-swap), and a reader checks the tag again after reading the word. */
+ * table of any size. backend, gen_flags and seen are written and read as one 8-byte word; a writer
+ * first claims the slot by swapping its tag for LB_FLOW_BUSY (compare-and-swap from the value it
+ * saw), and a reader checks the tag again after reading the word. */
 struct lb_flow {
 	__u64 tag;
 	__u16 backend; /* backend id (ids are below LB_MAX_BACKENDS = 65536) */
-	__u16 gen;     /* the low 16 bits of the id's generation when the flow started: the entry
-			* counts only while backend_gen still says so (ids are reused) */
-	__u32 seen;    /* lb_config.clock_ms / 16 when last refreshed (wraps after two years) */
+	__u16 gen_flags; /* LB_FLOW_GEN_MASK: the low bits of the id's generation when the flow
+			  * started (the entry counts only while backend_gen still says so: ids are
+			  * reused); the other bits: enum lb_flow_gen_bits. (Named apart from the
+			  * `gen` of earlier versions, which held 16 bits of generation and no
+			  * flags, so that an upgrade never reads one as the other: the tables'
+			  * layouts differ, and their entries are carried, see docs/restarts.md.) */
+	__u32 seen;    /* CLOCK_MONOTONIC in ticks of 2^24 ns (about 16.8 ms) when last refreshed
+			* (bpf_ktime_get_coarse_ns() >> 24; wraps after two years) */
 #ifdef LB_LAYOUT_TEST
 	__u64 layout_test; /* only in the build the upgrade test makes (cargo feature layout-test) */
 #endif
+};
+
+/* Value of the flow_key array's one entry: the 128-bit SipHash key of the flow tags. Random,
+ * made by the first controller that loads the data plane (getrandom), pinned, and read back
+ * (never remade) by every controller that adopts or upgrades it, so tags stay valid. Its layout
+ * never changes. */
+struct lb_flow_key {
+	__u64 k[2];
 };
 
 /* Value of the table_slots array: the backend ids of two consecutive slots (0 = empty). */
@@ -179,8 +208,9 @@ struct lb_config {
 	__u8 pad[2];
 	__u64 ct_tcp_timeout_ms; /* a tracked TCP flow idle this long is forgotten (0: never) */
 	__u64 ct_udp_timeout_ms; /* the same for UDP */
-	__u64 clock_ms;          /* a monotonic clock user space advances several times a second:
-				  * reading it costs a load, not a helper call */
+	__u64 clock_ms;          /* CLOCK_MONOTONIC in ms as the controller last wrote it (several
+				  * times a second); informational only: the flow tables age by
+				  * bpf_ktime_get_coarse_ns(), which runs with no controller */
 	/* Outer source of encapsulated packets. The bits set in *_vary (network order; for IPv6
 	 * they apply to the last 32-bit word) are taken from the flow hash, so that a backend's
 	 * receive-side scaling sees one source per flow; the rest from the base address. */
@@ -232,6 +262,8 @@ enum lb_stat {
 	LB_FRAG_RECORDED,      /* a first fragment's backend recorded for its later fragments */
 	LB_FRAG_FOLLOWED,      /* a later fragment sent to the backend its first fragment went to */
 	LB_FRAG_UNMATCHED,     /* a later fragment without a record: the fragment route decided */
+	LB_CT_NO_ROOM,         /* a flow's next packet found its buckets in `flows` full of confirmed,
+				* live flows: it stays half-open (followed through flow_pending) */
 	LB_STAT_MAX,
 };
 

@@ -56,8 +56,29 @@ impl Dataplane {
         let mut out = Vec::new();
         for (k, v) in self.skel.maps.flows.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
             let f = value_of::<types::lb_flow>(&v);
-            if f.tag != 0 {
+            if f.tag & 1 != 0 {
                 out.push((value_of::<u32>(&k), f.tag, f.backend as u32));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes slot `slot` of the flow table whole, for tests that set up what another CPU would
+    /// be doing (a slot claimed and being written: tag LB_FLOW_BUSY).
+    pub fn write_flow_slot(&self, slot: u32, f: &types::lb_flow) -> Result<()> {
+        self.skel.maps.flows.update(&slot.to_ne_bytes(), super::encode::bytes_of(f), MapFlags::ANY)?;
+        Ok(())
+    }
+
+    /// Every slot of the flow table (or of the half-open table) that holds a flow, whole: for
+    /// tests that look at an entry's state bits.
+    pub fn flow_table(&self, pending: bool) -> Result<Vec<(u32, types::lb_flow)>> {
+        let m = if pending { &self.skel.maps.flow_pending } else { &self.skel.maps.flows };
+        let mut out = Vec::new();
+        for (k, v) in m.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+            let f = value_of::<types::lb_flow>(&v);
+            if f.tag & 1 != 0 {
+                out.push((value_of::<u32>(&k), f));
             }
         }
         Ok(out)
@@ -119,8 +140,8 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
     let mut snap = Snapshot {
         forwarded: 0,
         passed: percpu_sum(stats, S::LB_STAT_PASSED.0)?,
-        drops: Vec::with_capacity(11),
-        conntrack: Vec::with_capacity(6),
+        drops: Vec::with_capacity(13),
+        conntrack: Vec::with_capacity(7),
         icmp_forwarded: percpu_sum(stats, S::LB_ICMP_FORWARDED.0)?,
         other_host: percpu_sum(stats, S::LB_STAT_OTHER_HOST.0)?,
         fragments: Vec::with_capacity(3),
@@ -164,7 +185,7 @@ fn fragment_counters() -> [(&'static str, types::lb_stat); 3] {
     [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED)]
 }
 
-fn ct_counters() -> [(&'static str, types::lb_stat); 6] {
+fn ct_counters() -> [(&'static str, types::lb_stat); 7] {
     use types::lb_stat as S;
     [
         ("hit", S::LB_CT_HIT),
@@ -173,14 +194,17 @@ fn ct_counters() -> [(&'static str, types::lb_stat); 6] {
         ("stale", S::LB_CT_STALE),
         ("pending", S::LB_CT_PENDING),
         ("evicted", S::LB_CT_EVICTED),
+        ("no_room", S::LB_CT_NO_ROOM),
     ]
 }
 
-/// Slots of a flow table (lb.h, struct lb_flow) that hold a flow: a nonzero tag.
+/// Slots of a flow table (lb.h, struct lb_flow) that hold a flow: an odd tag (0 is free,
+/// LB_FLOW_BUSY a slot being written).
 fn count_flows(m: &dyn MapCore) -> Result<u64> {
     let mut n = 0;
     for (_, v) in m.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
-        n += (v.len() >= 8 && v[..8] != [0; 8]) as u64;
+        let tag = v.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes);
+        n += tag & 1;
     }
     Ok(n)
 }

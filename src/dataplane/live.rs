@@ -26,6 +26,9 @@ impl PinnedMaps {
         let mut maps = HashMap::new();
         for name in PINNED_MAPS {
             let path = dir.join(name);
+            if super::reuse::OPTIONAL_MAPS.contains(&name) && !path.exists() {
+                continue;
+            }
             let m = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
             maps.insert(name, m);
         }

@@ -127,6 +127,7 @@ impl Dataplane {
         s.ct_mask = ct - 1;
         s.ct_pending_mask = pending - 1;
         dp.tick()?;
+        dp.ensure_flow_key()?;
         Ok((dp, fresh))
     }
 
@@ -195,8 +196,45 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Advances the data plane's clock (lb_config.clock_ms) to now. Connection tracking ages
-    /// flows by it, so whoever runs the data plane calls this several times a second.
+    /// The secret key of the flow tags (lb.h, struct lb_flow_key): made once, from getrandom,
+    /// by the first load of a data plane, and kept by every later one that reuses its pinned
+    /// flow_key map (adoption, upgrades), so that the tags of its tracked flows stay valid.
+    fn ensure_flow_key(&mut self) -> Result<()> {
+        if self.flow_key()? != [0, 0] {
+            return Ok(());
+        }
+        let mut bytes = [0u8; 16];
+        let mut got = 0;
+        while got < bytes.len() {
+            // SAFETY: the pointer and length name the unwritten rest of `bytes`, which lives
+            // across the call; getrandom writes at most that many bytes.
+            let n = unsafe { libc::getrandom(bytes[got..].as_mut_ptr().cast(), bytes.len() - got, 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e).context("getrandom for the flow-tag key");
+            }
+            got += n as usize;
+        }
+        let key = types::lb_flow_key { k: [u64::from_ne_bytes(bytes[..8].try_into()?), u64::from_ne_bytes(bytes[8..].try_into()?)] };
+        anyhow::ensure!(key.k != [0, 0], "getrandom returned zeros for the flow-tag key");
+        self.skel.maps.flow_key.update(&0u32.to_ne_bytes(), encode::bytes_of(&key), libbpf_rs::MapFlags::ANY).context("writing the flow-tag key")?;
+        Ok(())
+    }
+
+    /// The secret key of the flow tags, for tests and tools that place or find flows
+    /// ([`crate::flowhash::flow_tag`]).
+    pub fn flow_key(&self) -> Result<[u64; 2]> {
+        let v = self.skel.maps.flow_key.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.unwrap_or_default();
+        Ok(value_of::<types::lb_flow_key>(&v).k)
+    }
+
+    /// Writes the controller's clock into lb_config.clock_ms, where `lb status` and tools can
+    /// see when a controller last ran. The data plane no longer ages flows by it: the program
+    /// reads the kernel's monotonic clock itself, so flows age alike with or without a
+    /// controller. Kept, and still called several times a second, for that record.
     pub fn tick(&mut self) -> Result<()> {
         let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
         let ms = now.tv_sec() as u64 * 1000 + now.tv_nsec() as u64 / 1_000_000;

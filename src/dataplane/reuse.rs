@@ -16,7 +16,7 @@ use super::{pin, prog_id, types, Dataplane, FLOW_WAYS};
 
 /// The maps a data plane pins, by file name. The table maps come first: they must all be reused
 /// for a controller to adopt a data plane in place.
-pub const PINNED_MAPS: [&str; 15] = [
+pub const PINNED_MAPS: [&str; 16] = [
     "vip_index",
     "routes",
     "services",
@@ -32,7 +32,11 @@ pub const PINNED_MAPS: [&str; 15] = [
     "flow_pending",
     "stats",
     "backend_traffic",
+    "flow_key",
 ];
+/// Maps that a data plane of an earlier version does not pin: a reader of a pinned plane does
+/// without them.
+pub const OPTIONAL_MAPS: [&str; 1] = ["flow_key"];
 const TABLE_MAPS: usize = 10;
 
 /// This build's layout and program identities (build.rs).
@@ -75,6 +79,7 @@ pub(super) fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'st
         ("flow_pending", &mut m.flow_pending),
         ("stats", &mut m.stats),
         ("backend_traffic", &mut m.backend_traffic),
+        ("flow_key", &mut m.flow_key),
     ]
 }
 
@@ -96,6 +101,7 @@ pub(super) fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'
         ("flow_pending", &m.flow_pending),
         ("stats", &m.stats),
         ("backend_traffic", &m.backend_traffic),
+        ("flow_key", &m.flow_key),
     ]
 }
 
@@ -269,6 +275,10 @@ impl Dataplane {
         if let Ok(old) = libbpf_rs::MapHandle::from_pinned_path(path.with_file_name("flow_pending")) {
             tables.push((old, &self.skel.maps.flow_pending, 1));
         }
+        let key = self.flow_key()?;
+        // A set-associative table of a version before keyed tags holds unkeyed hashes, which
+        // no packet's tag will ever equal again: copying them would only fill slots.
+        let keyed = path.with_file_name("flow_key").exists();
         let copy = || -> Result<u64> {
             let mut copied = 0;
             for (old, new, choices) in &tables {
@@ -281,6 +291,9 @@ impl Dataplane {
                     Ok(())
                 };
                 if info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY {
+                    if !keyed {
+                        continue;
+                    }
                     for (_, v) in old.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
                         if v.len() >= 8 && v[..8] != [0; 8] {
                             put(convert_slot(&v))?;
@@ -291,7 +304,7 @@ impl Dataplane {
                     // 5-tuple (lb_flow_key), valued {backend u32, gen u32, seen_ms u64}.
                     for k in old.keys() {
                         let Some(v) = old.lookup(&k, MapFlags::ANY)? else { continue };
-                        if let Some(slot) = slot_from_keyed(&k, &v, new_info.value_size as usize) {
+                        if let Some(slot) = slot_from_keyed(key, &k, &v, new_info.value_size as usize) {
                             put(slot)?;
                         }
                     }
@@ -358,8 +371,11 @@ fn put_flow(map: &dyn MapCore, buckets: u32, choices: usize, slot: &[u8]) -> Res
 
 /// A slot for an entry of the flow table's earlier form (an LRU hash: key struct lb_flow_key
 /// `{src[16], dst[16], sport, dport, proto, family, pad[2]}`; value `{backend u32, gen u32,
-/// seen_ms u64}`), in a slot of `size` bytes.
-fn slot_from_keyed(k: &[u8], v: &[u8], size: usize) -> Option<Vec<u8>> {
+/// seen_ms u64}`), in a slot of `size` bytes, tagged under `key`. Such an entry was established
+/// long enough to have been confirmed. (The set-associative tables of versions before the keyed
+/// tags cannot be carried: their tags are the unkeyed hash, which no 5-tuple can be recovered
+/// from; those flows then follow the table, see docs/restarts.md.)
+fn slot_from_keyed(key: [u64; 2], k: &[u8], v: &[u8], size: usize) -> Option<Vec<u8>> {
     if k.len() < 38 || v.len() < 16 || size < 16 {
         return None;
     }
@@ -372,14 +388,18 @@ fn slot_from_keyed(k: &[u8], v: &[u8], size: usize) -> Option<Vec<u8>> {
     };
     let (src, dst) = (addr(&k[0..16])?, addr(&k[16..32])?);
     let port = |i: usize| u16::from_be_bytes([k[i], k[i + 1]]);
-    let tag = crate::flowhash::flow_tag(src, dst, port(32), port(34), k[36]);
+    let tag = crate::flowhash::flow_tag(key, src, dst, port(32), port(34), k[36]);
     let backend = u32::from_ne_bytes(v[0..4].try_into().ok()?);
     let gen = u32::from_ne_bytes(v[4..8].try_into().ok()?);
     let seen_ms = u64::from_ne_bytes(v[8..16].try_into().ok()?);
     let mut slot = vec![0u8; size];
     slot[0..8].copy_from_slice(&tag.to_ne_bytes());
     slot[8..10].copy_from_slice(&(backend as u16).to_ne_bytes());
-    slot[10..12].copy_from_slice(&(gen as u16).to_ne_bytes());
-    slot[12..16].copy_from_slice(&((seen_ms >> 4) as u32).to_ne_bytes());
+    use types::lb_flow_gen_bits as B;
+    let udp = if k[36] == 17 { B::LB_FLOW_UDP.0 } else { 0 };
+    let state = (gen & B::LB_FLOW_GEN_MASK.0) | udp | B::LB_FLOW_CONFIRMED.0;
+    slot[10..12].copy_from_slice(&(state as u16).to_ne_bytes());
+    // Both clocks are CLOCK_MONOTONIC: its milliseconds then, in the program's ticks of 2^24 ns.
+    slot[12..16].copy_from_slice(&((seen_ms.saturating_mul(1_000_000) >> 24) as u32).to_ne_bytes());
     Some(slot)
 }
