@@ -139,6 +139,10 @@ enum Cmd {
         /// Connections on this backend may break (it is being removed); they are counted apart.
         #[arg(long)]
         allow_broken_on: Option<String>,
+        /// UDP flows instead of connections: each source port sends a datagram every 100 ms and
+        /// must be answered by the same backend throughout (see `hold_udp`).
+        #[arg(long)]
+        udp: bool,
     },
     XdpPass {
         iface: String,
@@ -174,6 +178,15 @@ enum Cmd {
         /// Send each working-set flow's SYN and ACK once (2 x --flows packets per CPU), then stop.
         #[arg(long)]
         warmup: bool,
+        /// With --new-every 1: two packets per new flow, back to back: its SYN and then its
+        /// bare ACK (a handshake as a connection tracker that never sees the SYN-ACK takes it),
+        /// or with --udp two datagrams.
+        #[arg(long)]
+        pairs: bool,
+        /// With --new-every: UDP datagrams (with a wrong checksum, so that receivers drop them
+        /// early) instead of TCP segments.
+        #[arg(long)]
+        udp: bool,
         /// Generate on these CPUs, one thread each (default: the CPU it starts on).
         #[arg(long, value_delimiter = ',')]
         cpus: Vec<usize>,
@@ -229,13 +242,16 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Compare { before, after, removed, added, transition } => {
             compare(&before, &after, removed.as_deref(), added.as_deref(), transition)
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on } => {
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on: _, udp: true } => {
+            hold_udp(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file)
+        }
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on, udp: false } => {
             hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref())
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
-        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, cpus, batch } => {
-            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, Gen { flows, new_every, warmup, cpus, batch })
+        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, pairs, udp, cpus, batch } => {
+            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, Gen { flows, new_every, warmup, pairs, udp, cpus, batch })
         }
     }
 }
@@ -730,6 +746,93 @@ fn hold(
     Ok(broken == 0)
 }
 
+/// Long-lived UDP flows: `n` sockets, each bound to its own source port, send a datagram to the
+/// VIP every 100 ms for `seconds`. A flow is "on" the backend that answered its first datagram
+/// and breaks when another backend answers it (its tracked entry was lost and the table sent it
+/// elsewhere), or when it is not answered at all for a whole second. A single unanswered round
+/// is counted apart, not as a break: UDP has no retransmission, and the test's own switch may
+/// drop a datagram under a flood without lb being at fault.
+fn hold_udp(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration, ready: Option<PathBuf>) -> Result<bool> {
+    let to = SocketAddr::new(vip, port);
+    // Reads every answer waiting on `s` without blocking: the backends' names, or an error for
+    // an answer that did not come from the VIP.
+    let answers = |s: &UdpSocket| -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 128];
+        loop {
+            match s.recv_from(&mut buf) {
+                Ok((k, from)) if from == to => out.push(String::from_utf8_lossy(&buf[..k]).trim().to_string()),
+                Ok((_, from)) => bail!("an answer from {from}, not the VIP"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(out),
+                Err(e) => bail!("receiving: {e}"),
+            }
+        }
+    };
+    let mut flows = Vec::with_capacity(n);
+    for i in 0..n {
+        let src = sources[i % sources.len()];
+        let sport = 41000 + i as u16;
+        let s = UdpSocket::from(bound(src, sport, nix::sys::socket::SockType::Datagram)?);
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        // Two tries: the first datagram of a flow can meet a backend's neighbour entry being made.
+        let mut name = None;
+        for _ in 0..2 {
+            s.send_to(b"who\n", to)?;
+            let mut buf = [0u8; 128];
+            if let Ok((k, from)) = s.recv_from(&mut buf) {
+                anyhow::ensure!(from == to, "flow {i} from {src}:{sport}: an answer from {from}, not the VIP");
+                name = Some(String::from_utf8_lossy(&buf[..k]).trim().to_string());
+                break;
+            }
+        }
+        let name = name.with_context(|| format!("opening UDP flow {i} from {src}:{sport}: no answer"))?;
+        s.set_nonblocking(true)?;
+        flows.push((src, sport, s, name));
+    }
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &flows {
+        *per.entry(f.3.clone()).or_default() += 1;
+    }
+    eprintln!("hold: {n} UDP flows answered: {per:?}");
+    if let Some(p) = ready {
+        std::fs::write(p, "ready\n")?;
+    }
+    let end = Instant::now() + seconds;
+    // Per flow: when it was last answered, and whether it broke.
+    let mut last = vec![Instant::now(); n];
+    let mut broken = vec![false; n];
+    let (mut rounds, mut sent, mut answered, mut unanswered_rounds) = (0u64, 0u64, 0u64, 0u64);
+    while Instant::now() < end && !broken.contains(&true) {
+        rounds += 1;
+        for (_, _, s, _) in &flows {
+            // A full socket buffer (the switch is slow) is a lost datagram, not an error.
+            sent += s.send_to(b"who\n", to).is_ok() as u64;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for (i, (src, sport, s, name)) in flows.iter().enumerate() {
+            let got = answers(s).with_context(|| format!("flow {src}:{sport}"))?;
+            answered += got.len() as u64;
+            if let Some(other) = got.iter().find(|g| *g != name) {
+                eprintln!("hold: {src}:{sport} (on {name}) now answered by {other}");
+                broken[i] = true;
+            } else if !got.is_empty() {
+                last[i] = Instant::now();
+            } else {
+                unanswered_rounds += 1;
+                if last[i].elapsed() > Duration::from_secs(1) {
+                    eprintln!("hold: {src}:{sport} (on {name}) not answered for {:?}", last[i].elapsed());
+                    broken[i] = true;
+                }
+            }
+        }
+    }
+    let broken = broken.iter().filter(|&&b| b).count();
+    eprintln!(
+        "hold: {rounds} rounds over {n} UDP flows, {broken} broken ({sent} datagrams sent, {answered} answered, {unanswered_rounds} flow-rounds unanswered)"
+    );
+    Ok(broken == 0)
+}
+
 /// Loads `r0 = action; exit` as an XDP program; returns its descriptor.
 fn return_program(action: i32) -> Result<i32> {
     use libbpf_rs::libbpf_sys;
@@ -778,6 +881,8 @@ struct Gen {
     flows: u32,
     new_every: u32,
     warmup: bool,
+    pairs: bool,
+    udp: bool,
     cpus: Vec<usize>,
     batch: u32,
 }
@@ -788,7 +893,9 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
     let mac: Vec<u8> = dst_mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
     anyhow::ensure!(mac.len() == 6, "bad MAC {dst_mac}");
-    let tcp = gen.flows != 0 || gen.new_every != 0;
+    anyhow::ensure!(!gen.pairs || (gen.new_every == 1 && gen.flows == 0), "--pairs needs --new-every 1 and no --flows");
+    anyhow::ensure!(!gen.udp || (gen.new_every != 0 && gen.flows == 0), "--udp needs --new-every and no --flows");
+    let tcp = (gen.flows != 0 || gen.new_every != 0) && !gen.udp;
     // Ethernet + IPv4 + UDP + 18 bytes (or TCP + 6): a 64-byte frame on the wire (without FCS: 60).
     let mut f = mac.clone();
     f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x77, 0x08, 0x00]);
@@ -809,7 +916,8 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
         f.extend_from_slice(&[0x42; 6]);
     } else {
         f.extend_from_slice(&26u16.to_be_bytes());
-        f.extend_from_slice(&[0, 0]);
+        // No checksum (0) for identical frames; a wrong one for a flood of many sources.
+        f.extend_from_slice(if gen.udp { &[0x42, 0x42] } else { &[0, 0] });
         f.extend_from_slice(&[0x42; 18]);
     }
     // In live-frame mode the program runs on frames built from this one and XDP_TX sends
@@ -826,6 +934,7 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     ro.flows = gen.flows;
     ro.new_every = gen.new_every;
     ro.warmup = gen.warmup as u32;
+    ro.pairs = gen.pairs as u32;
     let skel = open.load()?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&skel.progs.trafgen_xdp));
     let ctx = libbpf_sys::xdp_md { data: 0, data_end: f.len() as u32, data_meta: 0, ingress_ifindex: ifindex, rx_queue_index: 0, egress_ifindex: 0 };

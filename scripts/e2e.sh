@@ -56,6 +56,8 @@ TESTS=(
     "test_conntrack_keeps_established_connections_through_pool_changes generic"
     "test_conntrack_a_syn_flood_breaks_no_established_connection native on"
     "test_conntrack_a_syn_flood_breaks_no_established_connection native off"
+    "test_conntrack_a_syn_ack_flood_breaks_no_established_connection native"
+    "test_conntrack_a_udp_pair_flood_breaks_no_established_flow native"
     "test_encap_tcp_udp_ipv4_ipv6_through_a_router native ipip"
     "test_encap_tcp_udp_ipv4_ipv6_through_a_router native gue"
     "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic ipip"
