@@ -143,6 +143,12 @@ enum Cmd {
         /// must be answered by the same backend throughout (see `hold_udp`).
         #[arg(long)]
         udp: bool,
+        /// How long an exchange may wait for its answer before the flow counts as broken, in
+        /// seconds. A segment lost on the way is retransmitted by TCP after 0.2, 0.6, 1.4, 3.0,
+        /// 6.2 s: under a flood that fills the test's own queues, a few seconds is a stall,
+        /// not a break (a connection sent to another backend is reset at once).
+        #[arg(long, default_value_t = 3.0)]
+        patience: f64,
     },
     XdpPass {
         iface: String,
@@ -194,6 +200,10 @@ enum Cmd {
         /// teardown, during which nothing is sent).
         #[arg(long, default_value_t = 1 << 22)]
         batch: u32,
+        /// Stop after the batch during which this file appears (--seconds is then the longest
+        /// the generator runs): a test can flood until the receiver has seen enough.
+        #[arg(long)]
+        stop_file: Option<PathBuf>,
     },
 }
 
@@ -242,16 +252,18 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Compare { before, after, removed, added, transition } => {
             compare(&before, &after, removed.as_deref(), added.as_deref(), transition)
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on: _, udp: true } => {
-            hold_udp(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file)
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on: _, udp: true, patience } => {
+            hold_udp(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, Duration::from_secs_f64(patience))
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on, udp: false } => {
-            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref())
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on, udp: false, patience } => {
+            let patience = Duration::from_secs_f64(patience);
+            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref(), patience)
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
-        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, pairs, udp, cpus, batch } => {
-            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, Gen { flows, new_every, warmup, pairs, udp, cpus, batch })
+        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, pairs, udp, cpus, batch, stop_file } => {
+            let gen = Gen { flows, new_every, warmup, pairs, udp, cpus, batch, stop_file };
+            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, gen)
         }
     }
 }
@@ -689,6 +701,7 @@ fn compare(before: &Path, after: &Path, removed: Option<&str>, added: Option<&st
     Ok(wrong == 0 && failed == 0)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn hold(
     vip: IpAddr,
     port: u16,
@@ -697,6 +710,7 @@ fn hold(
     seconds: Duration,
     ready: Option<PathBuf>,
     allowed: Option<&str>,
+    patience: Duration,
 ) -> Result<bool> {
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
@@ -705,6 +719,8 @@ fn hold(
         let mut s = connect_timeout(bound(src, sport, nix::sys::socket::SockType::Stream)?, SocketAddr::new(vip, port), Duration::from_secs(3))
             .with_context(|| format!("opening connection {i} from {src}:{sport}"))?;
         let name = read_name(&mut s)?;
+        s.set_read_timeout(Some(patience))?;
+        s.set_write_timeout(Some(patience))?;
         conns.push((src, sport, s, name));
     }
     let mut per: BTreeMap<String, usize> = BTreeMap::new();
@@ -719,13 +735,16 @@ fn hold(
     let (mut broken, mut broken_allowed) = (0, 0);
     let mut alive = vec![true; conns.len()];
     let mut rounds = 0;
+    let mut longest = Duration::ZERO;
     while Instant::now() < end && broken == 0 {
         rounds += 1;
         for (i, (src, sport, s, name)) in conns.iter_mut().enumerate() {
             if !alive[i] {
                 continue;
             }
+            let asked = Instant::now();
             let r = s.write_all(b"more\n").map_err(anyhow::Error::from).and_then(|_| read_name(s));
+            longest = longest.max(asked.elapsed());
             let failure = match r {
                 Ok(got) if got == *name => continue,
                 Ok(got) => format!("now answered by {got}"),
@@ -742,17 +761,17 @@ fn hold(
         std::thread::sleep(Duration::from_millis(100));
     }
     let on = allowed.map_or(String::new(), |a| format!(", and {broken_allowed} on {a}, which was removed"));
-    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken{on}");
+    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken{on}; the longest answer took {:.2} s", longest.as_secs_f64());
     Ok(broken == 0)
 }
 
 /// Long-lived UDP flows: `n` sockets, each bound to its own source port, send a datagram to the
 /// VIP every 100 ms for `seconds`. A flow is "on" the backend that answered its first datagram
 /// and breaks when another backend answers it (its tracked entry was lost and the table sent it
-/// elsewhere), or when it is not answered at all for a whole second. A single unanswered round
+/// elsewhere), or when it is not answered at all for longer than `patience`. An unanswered round
 /// is counted apart, not as a break: UDP has no retransmission, and the test's own switch may
 /// drop a datagram under a flood without lb being at fault.
-fn hold_udp(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration, ready: Option<PathBuf>) -> Result<bool> {
+fn hold_udp(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration, ready: Option<PathBuf>, patience: Duration) -> Result<bool> {
     let to = SocketAddr::new(vip, port);
     // Reads every answer waiting on `s` without blocking: the backends' names, or an error for
     // an answer that did not come from the VIP.
@@ -819,7 +838,7 @@ fn hold_udp(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Durat
                 last[i] = Instant::now();
             } else {
                 unanswered_rounds += 1;
-                if last[i].elapsed() > Duration::from_secs(1) {
+                if last[i].elapsed() > patience {
                     eprintln!("hold: {src}:{sport} (on {name}) not answered for {:?}", last[i].elapsed());
                     broken[i] = true;
                 }
@@ -885,6 +904,7 @@ struct Gen {
     udp: bool,
     cpus: Vec<usize>,
     batch: u32,
+    stop_file: Option<PathBuf>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -963,6 +983,7 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     } else {
         gen.cpus.iter().map(|&c| Some(c)).collect()
     };
+    let stop_file = gen.stop_file.as_deref();
     let sent: Vec<u64> = std::thread::scope(|s| -> Result<Vec<u64>> {
         let threads: Vec<_> = cpus
             .iter()
@@ -985,7 +1006,8 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
                     }
                     let batch = i32::try_from(gen.batch).context("--batch is too large")?;
                     let mut sent = 0;
-                    while start.elapsed().as_secs_f64() < seconds {
+                    let stopped = || stop_file.is_some_and(|f| f.exists());
+                    while start.elapsed().as_secs_f64() < seconds && !stopped() {
                         run(batch)?;
                         sent += batch as u64;
                     }
