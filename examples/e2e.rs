@@ -11,7 +11,8 @@
 //!   backend, and per-backend counts against the table's shares.
 //! - `compare`: two probe outputs of the same flows around a pool change: which flows moved, and
 //!   whether only the flows that had to move did.
-//! - `hold`: long-lived connections that keep talking; fails if any breaks or changes backend.
+//! - `hold`: long-lived connections (with `--udp`, UDP flows) that keep talking; fails if any breaks
+//!   or changes backend.
 //! - `xdp-pass IFACE`: attaches a two-instruction XDP_PASS program to IFACE in driver mode (what a
 //!   veth peer needs for native XDP_TX frames to arrive).
 
