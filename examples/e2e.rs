@@ -11,7 +11,8 @@
 //!   backend, and per-backend counts against the table's shares.
 //! - `compare`: two probe outputs of the same flows around a pool change: which flows moved, and
 //!   whether only the flows that had to move did.
-//! - `hold`: long-lived connections that keep talking; fails if any breaks or changes backend.
+//! - `hold`: long-lived connections (with `--udp`, UDP flows) that keep talking; fails if any breaks
+//!   or changes backend.
 //! - `xdp-pass IFACE`: attaches a two-instruction XDP_PASS program to IFACE in driver mode (what a
 //!   veth peer needs for native XDP_TX frames to arrive).
 
@@ -139,6 +140,16 @@ enum Cmd {
         /// Connections on this backend may break (it is being removed); they are counted apart.
         #[arg(long)]
         allow_broken_on: Option<String>,
+        /// UDP flows instead of connections: each source port sends a datagram every 100 ms and
+        /// must be answered by the same backend throughout (see `hold_udp`).
+        #[arg(long)]
+        udp: bool,
+        /// How long an exchange may wait for its answer before the flow counts as broken, in
+        /// seconds. A segment lost on the way is retransmitted by TCP after 0.2, 0.6, 1.4, 3.0,
+        /// 6.2 s: under a flood that fills the test's own queues, a few seconds is a stall,
+        /// not a break (a connection sent to another backend is reset at once).
+        #[arg(long, default_value_t = 3.0)]
+        patience: f64,
     },
     XdpPass {
         iface: String,
@@ -174,6 +185,15 @@ enum Cmd {
         /// Send each working-set flow's SYN and ACK once (2 x --flows packets per CPU), then stop.
         #[arg(long)]
         warmup: bool,
+        /// With --new-every 1: two packets per new flow, back to back: its SYN and then its
+        /// bare ACK (a handshake as a connection tracker that never sees the SYN-ACK takes it),
+        /// or with --udp two datagrams.
+        #[arg(long)]
+        pairs: bool,
+        /// With --new-every: UDP datagrams (with a wrong checksum, so that receivers drop them
+        /// early) instead of TCP segments.
+        #[arg(long)]
+        udp: bool,
         /// Generate on these CPUs, one thread each (default: the CPU it starts on).
         #[arg(long, value_delimiter = ',')]
         cpus: Vec<usize>,
@@ -181,6 +201,10 @@ enum Cmd {
         /// teardown, during which nothing is sent).
         #[arg(long, default_value_t = 1 << 22)]
         batch: u32,
+        /// Stop after the batch during which this file appears (--seconds is then the longest
+        /// the generator runs): a test can flood until the receiver has seen enough.
+        #[arg(long)]
+        stop_file: Option<PathBuf>,
     },
 }
 
@@ -229,13 +253,18 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Compare { before, after, removed, added, transition } => {
             compare(&before, &after, removed.as_deref(), added.as_deref(), transition)
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on } => {
-            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref())
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on: _, udp: true, patience } => {
+            hold_udp(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, Duration::from_secs_f64(patience))
+        }
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on, udp: false, patience } => {
+            let patience = Duration::from_secs_f64(patience);
+            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref(), patience)
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
-        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, cpus, batch } => {
-            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, Gen { flows, new_every, warmup, cpus, batch })
+        Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, pairs, udp, cpus, batch, stop_file } => {
+            let gen = Gen { flows, new_every, warmup, pairs, udp, cpus, batch, stop_file };
+            trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, gen)
         }
     }
 }
@@ -673,6 +702,7 @@ fn compare(before: &Path, after: &Path, removed: Option<&str>, added: Option<&st
     Ok(wrong == 0 && failed == 0)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn hold(
     vip: IpAddr,
     port: u16,
@@ -681,6 +711,7 @@ fn hold(
     seconds: Duration,
     ready: Option<PathBuf>,
     allowed: Option<&str>,
+    patience: Duration,
 ) -> Result<bool> {
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
@@ -689,6 +720,8 @@ fn hold(
         let mut s = connect_timeout(bound(src, sport, nix::sys::socket::SockType::Stream)?, SocketAddr::new(vip, port), Duration::from_secs(3))
             .with_context(|| format!("opening connection {i} from {src}:{sport}"))?;
         let name = read_name(&mut s)?;
+        s.set_read_timeout(Some(patience))?;
+        s.set_write_timeout(Some(patience))?;
         conns.push((src, sport, s, name));
     }
     let mut per: BTreeMap<String, usize> = BTreeMap::new();
@@ -703,13 +736,16 @@ fn hold(
     let (mut broken, mut broken_allowed) = (0, 0);
     let mut alive = vec![true; conns.len()];
     let mut rounds = 0;
+    let mut longest = Duration::ZERO;
     while Instant::now() < end && broken == 0 {
         rounds += 1;
         for (i, (src, sport, s, name)) in conns.iter_mut().enumerate() {
             if !alive[i] {
                 continue;
             }
+            let asked = Instant::now();
             let r = s.write_all(b"more\n").map_err(anyhow::Error::from).and_then(|_| read_name(s));
+            longest = longest.max(asked.elapsed());
             let failure = match r {
                 Ok(got) if got == *name => continue,
                 Ok(got) => format!("now answered by {got}"),
@@ -726,7 +762,94 @@ fn hold(
         std::thread::sleep(Duration::from_millis(100));
     }
     let on = allowed.map_or(String::new(), |a| format!(", and {broken_allowed} on {a}, which was removed"));
-    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken{on}");
+    eprintln!("hold: {rounds} rounds over {n} connections, {broken} broken{on}; the longest answer took {:.2} s", longest.as_secs_f64());
+    Ok(broken == 0)
+}
+
+/// Long-lived UDP flows: `n` sockets, each bound to its own source port, send a datagram to the
+/// VIP every 100 ms for `seconds`. A flow is "on" the backend that answered its first datagram
+/// and breaks when another backend answers it (its tracked entry was lost and the table sent it
+/// elsewhere), or when it is not answered at all for longer than `patience`. An unanswered round
+/// is counted apart, not as a break: UDP has no retransmission, and the test's own switch may
+/// drop a datagram under a flood without lb being at fault.
+fn hold_udp(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Duration, ready: Option<PathBuf>, patience: Duration) -> Result<bool> {
+    let to = SocketAddr::new(vip, port);
+    // Reads every answer waiting on `s` without blocking: the backends' names, or an error for
+    // an answer that did not come from the VIP.
+    let answers = |s: &UdpSocket| -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 128];
+        loop {
+            match s.recv_from(&mut buf) {
+                Ok((k, from)) if from == to => out.push(String::from_utf8_lossy(&buf[..k]).trim().to_string()),
+                Ok((_, from)) => bail!("an answer from {from}, not the VIP"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(out),
+                Err(e) => bail!("receiving: {e}"),
+            }
+        }
+    };
+    let mut flows = Vec::with_capacity(n);
+    for i in 0..n {
+        let src = sources[i % sources.len()];
+        let sport = 41000 + i as u16;
+        let s = UdpSocket::from(bound(src, sport, nix::sys::socket::SockType::Datagram)?);
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        // Two tries: the first datagram of a flow can meet a backend's neighbour entry being made.
+        let mut name = None;
+        for _ in 0..2 {
+            s.send_to(b"who\n", to)?;
+            let mut buf = [0u8; 128];
+            if let Ok((k, from)) = s.recv_from(&mut buf) {
+                anyhow::ensure!(from == to, "flow {i} from {src}:{sport}: an answer from {from}, not the VIP");
+                name = Some(String::from_utf8_lossy(&buf[..k]).trim().to_string());
+                break;
+            }
+        }
+        let name = name.with_context(|| format!("opening UDP flow {i} from {src}:{sport}: no answer"))?;
+        s.set_nonblocking(true)?;
+        flows.push((src, sport, s, name));
+    }
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &flows {
+        *per.entry(f.3.clone()).or_default() += 1;
+    }
+    eprintln!("hold: {n} UDP flows answered: {per:?}");
+    if let Some(p) = ready {
+        std::fs::write(p, "ready\n")?;
+    }
+    let end = Instant::now() + seconds;
+    // Per flow: when it was last answered, and whether it broke.
+    let mut last = vec![Instant::now(); n];
+    let mut broken = vec![false; n];
+    let (mut rounds, mut sent, mut answered, mut unanswered_rounds) = (0u64, 0u64, 0u64, 0u64);
+    while Instant::now() < end && !broken.contains(&true) {
+        rounds += 1;
+        for (_, _, s, _) in &flows {
+            // A full socket buffer (the switch is slow) is a lost datagram, not an error.
+            sent += s.send_to(b"who\n", to).is_ok() as u64;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for (i, (src, sport, s, name)) in flows.iter().enumerate() {
+            let got = answers(s).with_context(|| format!("flow {src}:{sport}"))?;
+            answered += got.len() as u64;
+            if let Some(other) = got.iter().find(|g| *g != name) {
+                eprintln!("hold: {src}:{sport} (on {name}) now answered by {other}");
+                broken[i] = true;
+            } else if !got.is_empty() {
+                last[i] = Instant::now();
+            } else {
+                unanswered_rounds += 1;
+                if last[i].elapsed() > patience {
+                    eprintln!("hold: {src}:{sport} (on {name}) not answered for {:?}", last[i].elapsed());
+                    broken[i] = true;
+                }
+            }
+        }
+    }
+    let broken = broken.iter().filter(|&&b| b).count();
+    eprintln!(
+        "hold: {rounds} rounds over {n} UDP flows, {broken} broken ({sent} datagrams sent, {answered} answered, {unanswered_rounds} flow-rounds unanswered)"
+    );
     Ok(broken == 0)
 }
 
@@ -778,8 +901,11 @@ struct Gen {
     flows: u32,
     new_every: u32,
     warmup: bool,
+    pairs: bool,
+    udp: bool,
     cpus: Vec<usize>,
     batch: u32,
+    stop_file: Option<PathBuf>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -788,7 +914,9 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface}"))?;
     let mac: Vec<u8> = dst_mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
     anyhow::ensure!(mac.len() == 6, "bad MAC {dst_mac}");
-    let tcp = gen.flows != 0 || gen.new_every != 0;
+    anyhow::ensure!(!gen.pairs || (gen.new_every == 1 && gen.flows == 0), "--pairs needs --new-every 1 and no --flows");
+    anyhow::ensure!(!gen.udp || (gen.new_every != 0 && gen.flows == 0), "--udp needs --new-every and no --flows");
+    let tcp = (gen.flows != 0 || gen.new_every != 0) && !gen.udp;
     // Ethernet + IPv4 + UDP + 18 bytes (or TCP + 6): a 64-byte frame on the wire (without FCS: 60).
     let mut f = mac.clone();
     f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x77, 0x08, 0x00]);
@@ -809,7 +937,8 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
         f.extend_from_slice(&[0x42; 6]);
     } else {
         f.extend_from_slice(&26u16.to_be_bytes());
-        f.extend_from_slice(&[0, 0]);
+        // No checksum (0) for identical frames; a wrong one for a flood of many sources.
+        f.extend_from_slice(if gen.udp { &[0x42, 0x42] } else { &[0, 0] });
         f.extend_from_slice(&[0x42; 18]);
     }
     // In live-frame mode the program runs on frames built from this one and XDP_TX sends
@@ -826,6 +955,7 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     ro.flows = gen.flows;
     ro.new_every = gen.new_every;
     ro.warmup = gen.warmup as u32;
+    ro.pairs = gen.pairs as u32;
     let skel = open.load()?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&skel.progs.trafgen_xdp));
     let ctx = libbpf_sys::xdp_md { data: 0, data_end: f.len() as u32, data_meta: 0, ingress_ifindex: ifindex, rx_queue_index: 0, egress_ifindex: 0 };
@@ -854,6 +984,7 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     } else {
         gen.cpus.iter().map(|&c| Some(c)).collect()
     };
+    let stop_file = gen.stop_file.as_deref();
     let sent: Vec<u64> = std::thread::scope(|s| -> Result<Vec<u64>> {
         let threads: Vec<_> = cpus
             .iter()
@@ -876,7 +1007,8 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
                     }
                     let batch = i32::try_from(gen.batch).context("--batch is too large")?;
                     let mut sent = 0;
-                    while start.elapsed().as_secs_f64() < seconds {
+                    let stopped = || stop_file.is_some_and(|f| f.exists());
+                    while start.elapsed().as_secs_f64() < seconds && !stopped() {
                         run(batch)?;
                         sent += batch as u64;
                     }

@@ -217,15 +217,16 @@ stop_lb() { # SIGNAL
     return "$rc"
 }
 
-# Opens CONNECTIONS long-lived connections to 10.99.0.100:80 from SOURCES that keep talking for
-# SECONDS (e2e hold, its report in $WORK/hold.log); sets HOLD to the holder's pid once every
-# connection is open, waiting HOLD_TRIES x 50 ms for that (100: 5 s; the fleet's 200 through a
-# router take longer). hold_wait waits for it to end, hold_summary prints its last line.
+# Opens CONNECTIONS long-lived connections to 10.99.0.100:80 (HOLD_PORT) from SOURCES that keep
+# talking for SECONDS (e2e hold, its report in $WORK/hold.log; with --udp, UDP flows); sets HOLD
+# to the holder's pid once every connection is open, waiting HOLD_TRIES x 50 ms for that (100:
+# 5 s; the fleet's 200 through a router take longer). hold_wait waits for it to end,
+# hold_summary prints its last line.
 hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
     local sources=$1 n=$2 secs=$3
     shift 3
     rm -f "$WORK/ready"
-    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port 80 --sources "$sources" \
+    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port "${HOLD_PORT:-80}" --sources "$sources" \
         --connections "$n" --seconds "$secs" --ready-file "$WORK/ready" "$@" 2>"$WORK/hold.log" &
     HOLD=$!
     wait_until "${HOLD_TRIES:-100}" 0.05 test -f "$WORK/ready" || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }

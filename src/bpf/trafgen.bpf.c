@@ -11,7 +11,10 @@
  * packet is instead a SYN of a flow never sent before, from 11.0.0.0/8: 4,194,304 addresses per
  * CPU (the CPU picks the top bits), then the next source port. With `warmup`, the first 2 x
  * flows packets a CPU sends are each flow's SYN followed by its ACK: its handshake, as a
- * connection tracker sees it. Never loaded by lb itself. */
+ * connection tracker sees it. With `pairs` (and new_every 1, no working set), every flow never
+ * sent before gets two packets back to back: a SYN and then its bare ACK, or, when the frame is
+ * UDP, two datagrams: the second packet of a flow is what a connection tracker takes for a
+ * completed handshake. Never loaded by lb itself. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -26,6 +29,7 @@ const volatile __u32 frame[TRAFGEN_WORDS] = {};
 const volatile __u32 flows = 0;     /* 0: send the frame as it is */
 const volatile __u32 new_every = 0; /* 0: no new flows */
 const volatile __u32 warmup = 0;
+const volatile __u32 pairs = 0; /* two packets per new flow (see above) */
 
 struct gen_state {
 	__u64 sent;
@@ -48,6 +52,7 @@ int trafgen_xdp(struct xdp_md *ctx)
 	struct gen_state *st;
 	__u16 sport;
 	__u8 flags = TCP_ACK;
+	int udp = *(__u8 *)(data + 23) == IPPROTO_UDP;
 	__u64 n;
 
 	if (data + TRAFGEN_WORDS * 4 > end)
@@ -68,9 +73,10 @@ int trafgen_xdp(struct xdp_md *ctx)
 		src = 0xac100000 + (i >> 10);
 		sport = 1024 + (i & 1023);
 	} else if (new_every && (flows == 0 || n % new_every == new_every - 1)) {
-		__u64 f = st->fresh++;
+		/* A pair's second packet reuses the flow its first one started. */
+		__u64 f = pairs ? (n >> 1) : st->fresh++;
 
-		flags = TCP_SYN;
+		flags = pairs && (n & 1) ? TCP_ACK : TCP_SYN;
 		src = 0x0b000000 + ((cpu & 3) << 22) + ((__u32)f & 0x3fffff);
 		sport = 1024 + ((f >> 22) & 0x7fff);
 	} else {
@@ -80,9 +86,11 @@ int trafgen_xdp(struct xdp_md *ctx)
 	}
 	*(__be32 *)(data + 26) = bpf_htonl(src);
 	*(__be16 *)(data + 34) = bpf_htons(sport);
-	*(__u8 *)(data + 47) = flags;
+	if (!udp)
+		*(__u8 *)(data + 47) = flags;
 	/* The IPv4 header checksum, recomputed: a bridge or router on the way would otherwise
-	 * drop the frames. (The TCP checksum is left wrong: receivers of a flood drop it early.) */
+	 * drop the frames. (The TCP or UDP checksum is left wrong: receivers of a flood drop it
+	 * early, before any socket.) */
 	{
 		__u16 *h = data + 14;
 		__u32 sum = 0;
