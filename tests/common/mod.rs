@@ -83,6 +83,8 @@ pub fn pair() -> Pair {
     let lb = Netns::new("lb");
     let be = Netns::new("be");
     sh(&["ip", "link", "add", "lbv0", "netns", &lb.name, "type", "veth", "peer", "name", "lbv1", "netns", &be.name]);
+    // lb balances only frames addressed to its interface: the test frames (packet::IFMAC) are.
+    lb.ip(&["link", "set", "lbv0", "address", "02:00:00:00:00:01"]);
     lb.ip(&["addr", "add", "10.77.0.1/24", "dev", "lbv0"]);
     lb.ip(&["addr", "add", "10.77.0.100/32", "dev", "lbv0"]);
     lb.ip(&["addr", "add", "fd77::1/64", "dev", "lbv0", "nodad"]);
