@@ -54,6 +54,8 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
             }
         }
     }
+    // What it announced is withdrawn: the next lb on this interface has no leftovers.
+    let _ = std::fs::remove_file(crate::daemon::announce_state_path(iface));
     if ifindex != 0 {
         pin::link_detach(&link)?;
     }

@@ -516,6 +516,16 @@ fn root_announce_withdraws_at_start_the_vips_an_earlier_run_left_and_only_those(
         let withdrawn = at("withdraw: 10.77.0.101 from vips0");
         let attached = at("attached to lbv0").or(at("adopted the data plane"));
         assert!(withdrawn.is_some() && withdrawn < attached, "pin {pin}: withdrawn before attaching: {:?}", lb.seen);
+        // The VIP the pool keeps: with a pinned data plane serving it, it stays; without one it
+        // goes before attaching (the kernel would answer its TCP with resets meanwhile) and
+        // comes back once the program is attached.
+        let kept = at("withdraw: 10.77.0.100 from vips0");
+        let again = at("announce: 10.77.0.100 on vips0");
+        if pin {
+            assert!(kept.is_none() && again.is_none(), "pin: the adopted data plane's VIP was withdrawn: {:?}", lb.seen);
+        } else {
+            assert!(kept.is_some() && kept < attached && attached < again, "no pin: withdrawn before attaching, announced after: {:?}", lb.seen);
+        }
         let held = addrs(&p);
         assert!(!held.contains("10.77.0.101") && held.contains("10.77.0.100/32"), "pin {pin}: {held}");
         assert!(held.contains("10.99.0.7/32") && held.contains("10.99.0.1/24"), "pin {pin}: the operator's addresses went: {held}");
@@ -528,4 +538,59 @@ fn root_announce_withdraws_at_start_the_vips_an_earlier_run_left_and_only_those(
         let left = addrs(&p);
         assert!(!left.contains("10.77.0.10") && left.contains("10.99.0.7/32"), "pin {pin}: {left}");
     }
+}
+
+/// Review of finding 9: lb's mark on an address means "some lb", not "this lb". Two lbs attached
+/// to two interfaces announce on one device; starting (or restarting after kill -9) one of them
+/// used to withdraw the other's VIPs as its own leftovers, since its pool lacked them. Each lb
+/// now withdraws only what its own state file lists.
+#[test]
+fn root_announce_two_lbs_on_one_device_never_withdraw_each_others_vips() {
+    let (p, dir, _pins) = env();
+    p.lb.ip(&["link", "add", "vips0", "type", "ifb"]);
+    // A second interface in the same namespace, with a backend of its own.
+    p.lb.ip(&["link", "add", "lbw0", "type", "veth", "peer", "name", "lbw1"]);
+    p.lb.ip(&["addr", "add", "10.88.0.1/24", "dev", "lbw0"]);
+    p.lb.ip(&["link", "set", "lbw0", "up"]);
+    p.lb.ip(&["link", "set", "lbw1", "up"]);
+    p.lb.ip(&["neigh", "replace", "10.88.0.21", "lladdr", "02:00:00:00:00:21", "dev", "lbw0", "nud", "permanent"]);
+    let a = write_config(&dir, "a.yaml", "services:\n  - {name: a, vip: 10.77.0.100, port: 80, backends: [{address: 10.77.0.21, name: b21}]}\n");
+    let b = write_config(&dir, "b.yaml", "services:\n  - {name: b, vip: 10.88.0.100, port: 80, backends: [{address: 10.88.0.21, name: w21}]}\n");
+    let args = |iface: &'static str, cfg: &Path| -> Vec<String> {
+        ["attach", iface, "--config", cfg.to_str().expect("utf-8"), "--announce", "vips0", "--xdp-mode", "generic"].iter().map(|s| s.to_string()).collect()
+    };
+    let start = |iface: &'static str, cfg: &Path| {
+        let args = args(iface, cfg);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut lb = Running::start(&p.lb, &refs);
+        lb.wait_for("serving", SECS);
+        lb
+    };
+    let addrs = || p.lb.ip(&["addr", "show", "dev", "vips0"]);
+
+    let mut first = start("lbv0", &a);
+    assert!(addrs().contains("10.77.0.100/32"), "{}", addrs());
+    let mut second = start("lbw0", &b);
+    let both = addrs();
+    assert!(both.contains("10.77.0.100/32") && both.contains("10.88.0.100/32"), "starting the second lb withdrew the first's VIP: {both}");
+    // The second is killed and restarted: its own VIP is withdrawn and announced again, the
+    // first's never.
+    second.signal(Signal::SIGKILL);
+    second.wait_exit(SECS);
+    let mut second = start("lbw0", &b);
+    let both = addrs();
+    assert!(both.contains("10.77.0.100/32") && both.contains("10.88.0.100/32"), "restarting the second lb withdrew the first's VIP: {both}");
+    assert!(!second.seen.iter().any(|l| l.contains("10.77.0.100")), "{:?}", second.seen);
+    // The same the other way round, and an orderly stop withdraws only the stopping lb's.
+    first.signal(Signal::SIGKILL);
+    first.wait_exit(SECS);
+    let mut first = start("lbv0", &a);
+    assert!(addrs().contains("10.88.0.100/32"), "restarting the first lb withdrew the second's VIP: {}", addrs());
+    second.signal(Signal::SIGTERM);
+    assert!(second.wait_exit(SECS).success());
+    let left = addrs();
+    assert!(left.contains("10.77.0.100/32") && !left.contains("10.88.0.100"), "{left}");
+    first.signal(Signal::SIGTERM);
+    assert!(first.wait_exit(SECS).success());
+    assert!(!addrs().contains("10.77.0.100"), "{}", addrs());
 }
