@@ -35,7 +35,7 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);
     }
-    let Some(_lock) = pin::try_lock(&dir)? else {
+    let Some(_lock) = pin::lock_patiently(&dir, pin::LOCK_PATIENCE)? else {
         let pid = PinnedMaps::open(&dir).ok().and_then(|m| m.meta().ok().flatten()).map_or(0, |m| m.controller_pid);
         bail!("lb (pid {pid}) controls {iface}'s data plane; stop it (it leaves the data plane pinned), then detach");
     };
@@ -54,6 +54,8 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
             }
         }
     }
+    // What it announced is withdrawn: the next lb on this interface has no leftovers.
+    let _ = std::fs::remove_file(crate::daemon::announce_state_path(iface));
     if ifindex != 0 {
         pin::link_detach(&link)?;
     }
@@ -73,20 +75,30 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Whether a controller holds `dir`'s lock, found without taking it.
+/// Whether a controller holds `dir`'s lock.
 ///
-/// A controller runs while it holds the directory's flock. Trying that lock to find out (as
-/// `lb status` once did) holds it for an instant, and a controller starting in that instant is
-/// refused as if another ran. The kernel lists every flock in /proc/locks by device and inode, so
-/// status reads it there instead. Where /proc/locks cannot be read, it falls back to whether the
-/// process the meta names as the last controller is alive (wrong only if its pid was reused).
+/// A controller runs while it holds the directory's flock. The kernel lists every flock in
+/// /proc/locks by device and inode, so status looks there first, without touching the lock. But
+/// /proc/locks leaves out the locks whose holder is not in the reader's pid namespace (status run
+/// in a container, or by `kubectl exec`, next to a controller outside it), so when the lock is
+/// not listed, status tries it (non-blocking, released at once): that answer is definitive. A
+/// controller starting in that instant does not fail for it: it tries its lock again for
+/// [`pin::LOCK_PATIENCE`]. Where neither works, it falls back to whether the process the meta
+/// names as the last controller is alive (wrong only if its pid was reused).
 fn controller_holds(dir: &Path, pid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let (Ok(md), Ok(locks)) = (std::fs::metadata(dir), std::fs::read_to_string("/proc/locks")) else {
-        return pid != 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok();
-    };
-    let id = format!("{:02x}:{:02x}:{}", nix::sys::stat::major(md.dev()), nix::sys::stat::minor(md.dev()), md.ino());
-    flock_held(&locks, &id)
+    if let (Ok(md), Ok(locks)) = (std::fs::metadata(dir), std::fs::read_to_string("/proc/locks")) {
+        let id = format!("{:02x}:{:02x}:{}", nix::sys::stat::major(md.dev()), nix::sys::stat::minor(md.dev()), md.ino());
+        if flock_held(&locks, &id) {
+            return true;
+        }
+    }
+    match pin::try_lock(dir) {
+        // Dropped here: released at once.
+        Ok(Some(_lock)) => false,
+        Ok(None) => true,
+        Err(_) => pid != 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok(),
+    }
 }
 
 /// Whether the /proc/locks text `locks` lists a granted flock on `id` (`MAJ:MIN:INODE`, as

@@ -22,44 +22,114 @@
 #define LB_MIN_MTU4 68
 #define LB_MIN_MTU6 1280
 
-/* The too-big answers' rate limit, per CPU: at most LB_TOO_BIG_BURST at once, refilled at
- * LB_TOO_BIG_PER_SEC. An attacker sending full-size packets with spoofed sources would
- * otherwise make lb send one ICMP error for each (to the spoofed victims) at line rate; past
- * the limit the packet is dropped, counted (too_big_limited). A client that meets the limit
- * loses that packet and retransmits it, and is answered then. */
+/* The too-big answers' rate limits. An attacker sending full-size packets with spoofed sources
+ * would otherwise make lb send one ICMP error for each (to the spoofed victims) at line rate;
+ * past a limit the packet is dropped, counted (too_big_limited). Two limits:
+ * - per source prefix (an IPv4 /24, an IPv6 /48: what one client or one attacker is likely to
+ *   hold whole): at most LB_TOO_BIG_SRC_BURST at once, refilled at LB_TOO_BIG_SRC_PER_SEC, so
+ *   that one flooding prefix cannot use up the answers every real client needs (PMTUD would
+ *   otherwise be a black hole for everyone);
+ * - global, shared by every CPU (not one bucket each, which would scale the cap with the
+ *   machine): at most LB_TOO_BIG_BURST at once, refilled at LB_TOO_BIG_PER_SEC, the bound on
+ *   what many spoofed prefixes can reflect.
+ * A client that meets a limit loses that packet and retransmits it, and is answered then. */
 #ifndef LB_TOO_BIG_PER_SEC
-#define LB_TOO_BIG_PER_SEC 200
+#define LB_TOO_BIG_PER_SEC 1000
 #endif
 #ifndef LB_TOO_BIG_BURST
-#define LB_TOO_BIG_BURST 50
+#define LB_TOO_BIG_BURST 100
+#endif
+#ifndef LB_TOO_BIG_SRC_PER_SEC
+#define LB_TOO_BIG_SRC_PER_SEC 10
+#endif
+#ifndef LB_TOO_BIG_SRC_BURST
+#define LB_TOO_BIG_SRC_BURST 8
 #endif
 #define LB_TOO_BIG_GAP_NS (1000000000ull / LB_TOO_BIG_PER_SEC)
+#define LB_TOO_BIG_SRC_GAP_NS (1000000000ull / LB_TOO_BIG_SRC_PER_SEC)
+/* Source prefixes remembered; the least recently answered is forgotten first (it then starts
+ * with a full bucket, still under the global limit). */
+#define LB_TOO_BIG_SOURCES 16384
 
-/* The rate limit's state, per CPU: when the bucket would next be full, in bpf_ktime_get_ns()
- * time (a "theoretical arrival time": one answer moves it LB_TOO_BIG_GAP_NS later; an answer
- * is allowed while it lies less than the burst's worth of gaps ahead of now). Not pinned: a new
- * program starts with full buckets. */
+/* A bucket's state: when it would next be full, in bpf_ktime_get_ns() time (a "theoretical
+ * arrival time": one answer moves it a gap later; an answer is allowed while it lies less than
+ * the burst's worth of gaps ahead of now). Not pinned: a new program starts with full buckets. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } too_big_bucket SEC(".maps");
 
-/* Takes one answer from this CPU's bucket; 0 if it is empty. */
-static __always_inline int too_big_allowed(void)
-{
-	__u32 zero = 0;
-	__u64 *full_at = bpf_map_lookup_elem(&too_big_bucket, &zero);
-	__u64 now = bpf_ktime_get_ns(), at;
+/* The source prefix's key: the family, then the /24's 3 bytes or the /48's 6. */
+struct too_big_source {
+	__u8 family;
+	__u8 pad;
+	__u8 prefix[6];
+};
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_TOO_BIG_SOURCES);
+	__type(key, struct too_big_source);
+	__type(value, __u64);
+} too_big_sources SEC(".maps");
+
+/* Takes one answer from the bucket at `full_at`, shared by every CPU: a compare-and-swap, tried
+ * a few times against other CPUs' updates (losing every time counts as limited). 0 if empty. */
+static __always_inline int bucket_take(__u64 *full_at, __u64 now, __u64 gap, __u64 burst)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 old = *(volatile __u64 *)full_at;
+		__u64 at = old > now ? old : now;
+
+		if (at - now > (burst - 1) * gap)
+			return 0;
+		if (__sync_val_compare_and_swap(full_at, old, at + gap) == old)
+			return 1;
+	}
+	return 0;
+}
+
+/* Takes one answer for the packet's source prefix, then from the global bucket; 0 if either
+ * is empty. */
+static __always_inline int too_big_allowed(struct pkt *p)
+{
+	void *data = (void *)(long)p->ctx->data;
+	void *end = (void *)(long)p->ctx->data_end;
+	struct too_big_source key = { .family = p->family };
+	__u64 now = bpf_ktime_get_ns(), *full_at;
+	__u32 zero = 0;
+
+	if (p->family == LB_FAMILY_V4) {
+		struct iphdr *ip = data + (p->l2len == 18 ? 18 : 14);
+
+		if ((void *)(ip + 1) > end)
+			return 0;
+		__builtin_memcpy(key.prefix, &ip->saddr, 3);
+	} else {
+		struct ipv6hdr *ip6 = data + (p->l2len == 18 ? 18 : 14);
+
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		__builtin_memcpy(key.prefix, &ip6->saddr, 6);
+	}
+	full_at = bpf_map_lookup_elem(&too_big_sources, &key);
+	if (!full_at) {
+		/* First answer to this prefix: its bucket starts full, less this one. */
+		__u64 first = now + LB_TOO_BIG_SRC_GAP_NS;
+
+		if (bpf_map_update_elem(&too_big_sources, &key, &first, BPF_NOEXIST))
+			full_at = bpf_map_lookup_elem(&too_big_sources, &key);
+		if (full_at && !bucket_take(full_at, now, LB_TOO_BIG_SRC_GAP_NS, LB_TOO_BIG_SRC_BURST))
+			return 0;
+	} else if (!bucket_take(full_at, now, LB_TOO_BIG_SRC_GAP_NS, LB_TOO_BIG_SRC_BURST)) {
+		return 0;
+	}
+	full_at = bpf_map_lookup_elem(&too_big_bucket, &zero);
 	if (!full_at)
 		return 0;
-	at = *full_at > now ? *full_at : now;
-	if (at - now > (LB_TOO_BIG_BURST - 1) * LB_TOO_BIG_GAP_NS)
-		return 0;
-	*full_at = at + LB_TOO_BIG_GAP_NS;
-	return 1;
+	return bucket_take(full_at, now, LB_TOO_BIG_GAP_NS, LB_TOO_BIG_BURST);
 }
 
 /* IPv6: how much of the client's packet the answer quotes (its headers, which is what the
@@ -230,7 +300,7 @@ static __always_inline int too_big(struct pkt *p, __u32 mtu)
 		return count(LB_DROP_OVERSIZE, XDP_DROP);
 	if (mtu < (p->family == LB_FAMILY_V4 ? LB_MIN_MTU4 : LB_MIN_MTU6))
 		return count(LB_DROP_TOO_BIG_BELOW_MIN, XDP_DROP);
-	if (!too_big_allowed())
+	if (!too_big_allowed(p))
 		return count(LB_DROP_TOO_BIG_LIMITED, XDP_DROP);
 	if (p->family == LB_FAMILY_V4)
 		return too_big4(p, mtu);

@@ -32,6 +32,7 @@
 //! is `crate::plane::Plane` everywhere.
 
 mod announce;
+pub(crate) use announce::state_path as announce_state_path;
 mod describe;
 mod encap;
 mod health;

@@ -49,7 +49,7 @@ pub(super) fn prepare(root: &Path, ifc: &Interface) -> Result<(Pinning, Option<F
     pin::ensure_bpffs(root)?;
     let dir = pin::plane_dir(root, &ifc.name)?;
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let Some(lock) = pin::try_lock(&dir)? else {
+    let Some(lock) = pin::lock_patiently(&dir, pin::LOCK_PATIENCE)? else {
         let who = PinnedMaps::open(&dir).ok().and_then(|m| m.meta().ok().flatten()).map_or(String::new(), |m| {
             format!(" (pid {}, since {})", m.controller_pid, since_text(m.controller_since))
         });

@@ -55,16 +55,18 @@ struct Checked {
 /// Starts serving `pool`; None when a stop signal came before anything was attached.
 pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> Result<Option<Started<'a>>> {
     let Checked { started_ms, ifc, pinning, found, mut nl, via, sources, mut announcer } = check(settings, &pool, content)?;
-    if let Some(a) = announcer.as_mut() {
-        // Before anything serves the new pool: a VIP it lacks must not stay announced.
-        a.withdraw_leftovers(&mut nl, &vips_of(&pool));
-    }
+    // Before anything serves the new pool: a VIP it lacks must not stay announced, nor (with no
+    // pinned data plane to adopt) any VIP before the program that serves it is attached.
+    let withdrawn = announcer.as_mut().map_or(0, |a| a.withdraw_leftovers(&mut nl, &vips_of(&pool), found.is_some()));
     let signals = block_signals()?;
     // Subscribe before the first dump, so that no change falls between the two.
     let mut events = netlink::Socket::neighbour_events().context("subscribing to neighbour changes")?;
     let list = distinct_neighbours(&pool, &via);
     let Some(macs) = resolve_initial(&list, &ifc, &mut nl, &mut events, &signals, settings.resolve_timeout)? else {
-        log("interrupted before attaching; nothing was changed");
+        match withdrawn {
+            0 => log("interrupted before attaching; nothing was changed"),
+            n => log(format!("interrupted before attaching; nothing was changed but the {n} leftover VIPs withdrawn")),
+        }
         return Ok(None);
     };
     // Watch before loading: a change made while we attach is seen.

@@ -137,6 +137,26 @@ pub fn try_lock(dir: &Path) -> Result<Option<Lock>> {
     }
 }
 
+/// How long a controller (and `lb detach`) keeps trying the lock before it takes it as held by
+/// another controller: `lb status` may hold it for an instant (where /proc/locks cannot show it
+/// a running controller, see pinned.rs), and a controller that dies releases it at once, so a
+/// lock still held after this is a controller's.
+pub const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// [`try_lock`], tried again every few milliseconds until `patience` has passed.
+pub fn lock_patiently(dir: &Path, patience: std::time::Duration) -> Result<Option<Lock>> {
+    let until = std::time::Instant::now() + patience;
+    loop {
+        if let Some(lock) = try_lock(dir)? {
+            return Ok(Some(lock));
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Removes every pin in `dir`, keeping the directory (and the lock a controller holds on it).
 pub fn clear(dir: &Path) -> Result<()> {
     for e in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?.flatten() {
