@@ -5,8 +5,9 @@
  * encapsulated (IPIP or GUE, encap.h) to a backend anywhere routable; either way the frame goes
  * back out of the interface it came in on (XDP_TX). Backends hold the VIP on their loopback and
  * answer clients directly. ICMP errors about a service's flows (a router on the way back to the
- * client saying "fragmentation needed") reach the backend that owns the flow. Everything that is not for a service leaves unchanged (XDP_PASS);
- * everything that is for a service but cannot be forwarded is dropped for a named, counted reason.
+ * client saying "fragmentation needed") reach the backend that owns the flow. Well-formed traffic that is not for a service
+ * leaves unchanged (XDP_PASS); malformed IP is dropped wherever it goes; everything that is for a
+ * service but cannot be forwarded is dropped for a named, counted reason.
  * There are no rings, weights or searches here: the control plane compiled them into each
  * service's destination table.
  *
