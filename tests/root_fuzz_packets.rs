@@ -599,6 +599,10 @@ fn respoof(r: &mut Rng, f: &[u8]) -> Vec<u8> {
     f
 }
 
+/// Where a datagram's first fragment went ((destination, its (port, protocol))), and the
+/// packet number and time it was sent.
+type First = ((Vec<u8>, Option<(u16, u8)>), u64, Instant);
+
 /// What one run checked besides every packet's action, output and count.
 #[derive(Debug, Default)]
 pub struct Checked {
@@ -658,8 +662,7 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
     let mut trains: Vec<(u64, Vec<u8>, bool)> = Vec::new();
     let mut train_id = 0u32;
     // Where each datagram's first fragment went, and when.
-    // (destination, (port, protocol)), the packet number and time of the first fragment.
-    let mut firsts: HashMap<Vec<u8>, ((Vec<u8>, Option<(u16, u8)>), u64, Instant)> = HashMap::new();
+    let mut firsts: HashMap<Vec<u8>, First> = HashMap::new();
     // Datagrams whose record a conflicting first fragment deleted.
     let mut conflicted: HashSet<Vec<u8>> = HashSet::new();
 
