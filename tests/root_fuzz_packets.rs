@@ -886,6 +886,14 @@ fn the_oracle_rejects_what_the_data_plane_must_not_do() {
         ("another host's MAC", to_mac(&syn, [0x02, 0, 0, 0, 0, 0x42])),
         ("another port", ipv4_simple(v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(4000, 81))),
         ("ICMPv6 behind hop-by-hop", ipv6_ext(v6("2001:db8::7"), v6("fd99::100"), &[Ext::HopByHop], L4::IcmpEcho, b"")),
+        // What lb does not look inside (docs/data-plane.md): TCP or UDP carried by another
+        // protocol passes to the host, by decision.
+        ("GRE to the VIP", {
+            let mut f = syn.clone();
+            f[14 + 9] = 47;
+            f
+        }),
+        ("ESP to the VIP over IPv6", ipv6(v6("2001:db8::7"), v6("fd99::100"), L4::syn(4000, 80), Some(50), b"")),
     ] {
         assert!(oracle.must_not_pass(&f).is_none(), "{what}");
     }
