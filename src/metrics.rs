@@ -154,7 +154,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
         [(Vec::new(), ConstCounter::new(snap.other_host))],
     )?;
     let frag = snap.fragments.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
-    family(encoder, "lb_fragment_lookups", "Fragments: recorded (a first fragment's backend), followed (a later one sent there), unmatched (the fragment route decided)", MetricType::Counter, frag)?;
+    family(encoder, "lb_fragment_lookups", "Fragments: recorded (a first fragment's backend), followed (a later one sent there), unmatched (the fragment route decided), conflict (a first fragment disagreed with the record: deleted)", MetricType::Counter, frag)?;
     let ct = snap.conntrack.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
     family(encoder, "lb_flow_table_lookups", "Flow-table outcomes: hit, miss, new (entry made), stale (entry re-hashed)", MetricType::Counter, ct)?;
     family(encoder, "lb_flow_table_capacity", "Entries the flow table holds at most", MetricType::Gauge, [(Vec::new(), ConstGauge::new(model.flow_capacity as i64))])?;

@@ -242,6 +242,53 @@ fn root_attach_follows_neighbour_changes_and_prints_stats() {
     assert_eq!(lb.wait_exit(SECS).code(), Some(0));
 }
 
+/// Reads stats lines until one says at least `want` packets were forwarded; returns the count.
+fn forwarded_reaches(lb: &mut Running, want: u64) -> u64 {
+    let deadline = std::time::Instant::now() + SECS;
+    let mut forwarded = 0;
+    while forwarded < want && std::time::Instant::now() < deadline {
+        let line = lb.wait_stdout(": forwarded", SECS);
+        forwarded = line.split_whitespace().nth(4).and_then(|n| n.parse().ok()).unwrap_or(0);
+    }
+    forwarded
+}
+
+/// The interface's MAC changes while lb runs (`ip link set DEV address`, as a bond's
+/// fail_over_mac does): lb follows it, and traffic to the VIP, now sent to the new MAC, is still
+/// balanced. Before, the program kept the MAC read at attach: every frame counted as
+/// `other_host` and went to the host, which answered the VIP's connections itself.
+#[test]
+fn root_attach_follows_a_change_of_the_interfaces_mac() {
+    let p = pair();
+    let dir = temp_dir();
+    let cfg = write_config(&dir, "pool.yaml", POOL);
+    let (mut lb, _) = start(&p, &cfg, &["--stats-interval", "0.3"]);
+    let send = |n: usize| {
+        for _ in 0..n {
+            let st = p.be.cmd("bash").args(["-c", "echo hello > /dev/udp/10.77.0.100/53"]).status().expect("bash");
+            assert!(st.success());
+        }
+    };
+    send(3);
+    let before = forwarded_reaches(&mut lb, 3);
+    assert!(before >= 3, "forwarded {before} before the change");
+
+    let old = p.lb.mac("lbv0");
+    p.lb.ip(&["link", "set", "lbv0", "address", "02:77:00:00:00:77"]);
+    // The backend's side learns the new MAC (its cached entry names the old one).
+    p.be.ip(&["neigh", "flush", "dev", "lbv1"]);
+    // lb checks the MAC four times a second.
+    std::thread::sleep(Duration::from_secs(1));
+    send(5);
+    let after = forwarded_reaches(&mut lb, before + 5);
+    assert!(after >= before + 5, "after the MAC change: forwarded {after}, {before} before");
+    let changed = lb.wait_for("lbv0's MAC changed", SECS);
+    assert!(changed.contains(&format!("from {old} to 02:77:00:00:00:77")), "{changed}");
+
+    lb.signal(Signal::SIGTERM);
+    assert_eq!(lb.wait_exit(SECS).code(), Some(0));
+}
+
 #[test]
 fn root_attach_warns_of_a_vip_no_interface_holds_only_without_announce() {
     let p = pair();

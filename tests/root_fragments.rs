@@ -155,3 +155,96 @@ fn root_unmatched_fragments_take_the_fragment_route() {
     assert_eq!(sent_to(&dp, &pool, &v4_later(v4("192.0.2.8"), v4("10.99.0.100"), l4, 600)), None);
     assert_eq!(sent_to(&dp, &pool, &v4_later(client, v4("10.99.0.100"), l4, 600)), Some(table_says(&pool, "web", client.into(), 40000, 6)));
 }
+
+/// An IPv6 datagram whose fragmentable part starts with an extension header (destination
+/// options): every fragment header names it (60), not TCP or UDP. The later fragments carry
+/// it as their key's protocol, as the first does, and follow the first. Before, the later
+/// fragment's "next header 60" made lb drop it as an unparsed extension header (`ext_header`),
+/// and the first fragment's record was keyed by its upper-layer protocol (17), which no later
+/// fragment carries.
+#[test]
+fn root_ipv6_later_fragments_with_a_header_after_the_fragment_header_follow_the_first() {
+    let (dp, pool) = setup();
+    let mut wrong = Vec::new();
+    for (n, (vip, l4)) in [(v6("fd00::150"), L4::Udp { sport: 40001, dport: 443 }), (v6("fd00::100"), L4::Tcp { sport: 40002, dport: 443, flags: ACK })].into_iter().enumerate() {
+        let src = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0x77, n as u16);
+        let id = 900 + n as u32;
+        let first = ipv6_ext(src, vip, &[Ext::Fragment { offset: 0, more: true, id }, Ext::DestOpts { units: 0 }], l4, b"first part");
+        let later = ipv6_ext(src, vip, &[Ext::Fragment { offset: 3, more: false, id }, Ext::DestOpts { units: 0 }], l4, b"second part");
+        let followed = stat(&dp, types::lb_stat::LB_FRAG_FOLLOWED);
+        let to = sent_to(&dp, &pool, &first);
+        let (action, _) = dp.test_run(&later).expect("test_run");
+        let got = sent_to(&dp, &pool, &later);
+        let counted = stat(&dp, types::lb_stat::LB_FRAG_FOLLOWED) - followed;
+        if to.is_none() || got != to || counted != 2 {
+            wrong.push(format!("{vip} {l4:?}: first fragment to {to:?}, later one action {action} to {got:?}, {counted} counted as followed (of 2)"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A second IPv6 fragment chain of legal length: hop-by-hop, destination options, routing
+/// (type 4, no segments left), fragment, destination options. Five headers; lb walked four.
+#[test]
+fn root_the_longest_legal_ipv6_header_chain_is_balanced() {
+    let (dp, pool) = setup();
+    let src = v6("2001:db8::5:5");
+    let l4 = L4::Udp { sport: 40005, dport: 443 };
+    let chain = [Ext::HopByHop, Ext::DestOpts { units: 1 }, Ext::Routing { kind: 4, segments_left: 0 }, Ext::Fragment { offset: 0, more: true, id: 55 }, Ext::DestOpts { units: 0 }];
+    let first = ipv6_ext(src, v6("fd00::150"), &chain, l4, b"first part");
+    let ext_header = stat(&dp, types::lb_stat::LB_DROP_EXT_HEADER);
+    let (action, _) = dp.test_run(&first).expect("test_run");
+    assert_eq!(sent_to(&dp, &pool, &first), Some(table_says(&pool, "v6sticky", src.into(), 0, 17)), "action {action}, ext_header drops +{}", stat(&dp, types::lb_stat::LB_DROP_EXT_HEADER) - ext_header);
+}
+
+/// A spoofed first fragment with a victim's source and identification, to another service
+/// of the same VIP, must not re-point the victim's datagram: the record is deleted (counted
+/// `conflict`) and the victim's later fragments take the fragment route, never the other
+/// service's backend. Before, the spoof overwrote the record and the victim's later fragments
+/// followed it to the other service's backend.
+#[test]
+fn root_a_spoofed_first_fragment_cannot_re_point_a_datagram_to_another_service() {
+    common::require_root();
+    let client = v4("192.0.2.77");
+    let victim = L4::Tcp { sport: 40000, dport: 80, flags: ACK };
+    // Two TCP services of one VIP, with their own backends.
+    let two = parse_str("two.yaml", "services:\n  - {name: a, vip: 10.99.0.100, port: 80, hash: flow, backends: [10.99.0.11]}\n  - {name: b, vip: 10.99.0.100, port: 8080, hash: flow, backends: [10.99.0.21]}\n").expect("pool");
+    let mut dp2 = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    dp2.install(&two, IFMAC, &|a| Some(mac(a))).expect("install");
+    let to_a = sent_to(&dp2, &two, &v4_first(client, v4("10.99.0.100"), victim, 4243));
+    assert_eq!(to_a, Some(ip("10.99.0.11")));
+    let conflict = stat(&dp2, types::lb_stat::LB_FRAG_CONFLICT);
+    let spoofed = sent_to(&dp2, &two, &v4_first(client, v4("10.99.0.100"), L4::Tcp { sport: 40000, dport: 8080, flags: ACK }, 4243));
+    assert_eq!(spoofed, Some(ip("10.99.0.21")), "the spoofed first fragment itself is balanced as any packet");
+    let later = sent_to(&dp2, &two, &v4_later(client, v4("10.99.0.100"), victim, 4243));
+    assert_ne!(later, Some(ip("10.99.0.21")), "the victim's later fragment followed the spoofed first fragment to the other service's backend");
+    assert_eq!(later, None, "without a record a flow-hash service's later fragments are dropped");
+    assert_eq!(stat(&dp2, types::lb_stat::LB_FRAG_CONFLICT) - conflict, 1, "the conflict is counted");
+    // A retransmitted first fragment that agrees refreshes the record; the next datagram with
+    // the identification is recorded afresh.
+    assert_eq!(sent_to(&dp2, &two, &v4_first(client, v4("10.99.0.100"), victim, 4244)), Some(ip("10.99.0.11")));
+    assert_eq!(sent_to(&dp2, &two, &v4_first(client, v4("10.99.0.100"), victim, 4244)), Some(ip("10.99.0.11")));
+    assert_eq!(sent_to(&dp2, &two, &v4_later(client, v4("10.99.0.100"), victim, 4244)), Some(ip("10.99.0.11")));
+}
+
+/// A first fragment answered "too big" (its encapsulation exceeds the MTU) went to no backend:
+/// nothing is recorded. Before, the record was written before encapsulation and counted.
+#[test]
+fn root_a_first_fragment_answered_too_big_is_not_recorded() {
+    common::require_root();
+    let pool = parse_str("ipip.yaml", "services:\n  - {name: t, vip: 10.99.0.100, port: 82, hash: flow, forward: ipip, backends: [10.99.0.11]}\n").expect("pool");
+    let mut dp = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY).expect("load");
+    dp.set_encap_sources(Some((v4("10.99.0.2"), 32)), None).expect("sources");
+    dp.set_mtu(1500).expect("mtu");
+    dp.install(&pool, IFMAC, &|a| Some(mac(a))).expect("install");
+    let big = vec![7u8; 1470];
+    let first = ipv4(None, v4("192.0.2.9"), v4("10.99.0.100"), L4::Tcp { sport: 40000, dport: 82, flags: ACK }, &V4Opts { more_fragments: true, dont_fragment: false, id: Some(31), ..Default::default() }, &big);
+    let recorded = stat(&dp, types::lb_stat::LB_FRAG_RECORDED);
+    let too_big = stat(&dp, types::lb_stat::LB_STAT_TOO_BIG) + stat(&dp, types::lb_stat::LB_DROP_OVERSIZE);
+    let (action, _) = dp.test_run(&first).expect("test_run");
+    assert_eq!(stat(&dp, types::lb_stat::LB_STAT_TOO_BIG) + stat(&dp, types::lb_stat::LB_DROP_OVERSIZE) - too_big, 1, "action {action}: the first fragment is too big once encapsulated");
+    assert_eq!(stat(&dp, types::lb_stat::LB_FRAG_RECORDED) - recorded, 0, "a first fragment that went to no backend was recorded");
+    let small = v4_first(v4("192.0.2.9"), v4("10.99.0.100"), L4::Tcp { sport: 40000, dport: 82, flags: ACK }, 32);
+    assert_eq!(dp.test_run(&small).expect("test_run").0, XDP_TX);
+    assert_eq!(stat(&dp, types::lb_stat::LB_FRAG_RECORDED) - recorded, 1, "one that went is");
+}

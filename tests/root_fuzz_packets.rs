@@ -19,7 +19,12 @@
 //! - a later fragment of a datagram whose first fragment was sent to a backend goes to that same
 //!   backend (the same MAC, and the same outer destination when encapsulated); the generator
 //!   sends trains of fragments (first, then later ones, other packets in between) for this, and
-//!   each train's later fragments must be sent;
+//!   each train's later fragments must be sent; IPv6 trains may carry a destination-options
+//!   header after the fragment header; any later fragment with a fresh record that is not sent
+//!   must not have taken the fragment route (`unmatched`);
+//! - a first fragment that disagrees with its datagram's fresh record (another port, protocol
+//!   or backend: trains send such spoofs, same source and identification, to another service
+//!   of the VIP) leaves the datagram's later fragments following nothing (`followed` unchanged);
 //! - `lb decap` (src/bpf/decap.bpf.c), fed lb's encapsulated output, the same with the outer
 //!   source rewritten (inside and outside its allow-list) and mutations of both, never unwraps a
 //!   packet whose outer source is outside its allow-list.
@@ -217,31 +222,46 @@ fn addressed(r: &mut Rng, f: Vec<u8>) -> Vec<u8> {
 }
 
 /// A train of fragments of one datagram to a service (either family): the first fragment, then
-/// 1 to 3 later ones, each with a small payload (none exceeds the MTU once encapsulated).
-fn train(r: &mut Rng, id: u32) -> Vec<Vec<u8>> {
+/// 1 to 3 later ones, each with a small payload (none exceeds the MTU once encapsulated). IPv6
+/// trains sometimes start the fragmentable part with a destination-options header, which every
+/// fragment header then names. Sometimes also a spoof: a first fragment with the same source
+/// and identification to another service of the VIP (same protocol, another port), sent right
+/// after the real first; the datagram's later fragments must then never follow anything.
+fn train(r: &mut Rng, id: u32) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
     let later = 1 + r.below(3) as u16;
     let sport = 1024 + r.below(60000) as u16;
+    let spoofed = r.chance(20);
+    let l4_of = |dport: u16, proto: u8| if proto == 6 { L4::Tcp { sport, dport, flags: 0x10 } } else { L4::Udp { sport, dport } };
     if r.chance(50) {
-        let (dport, proto) = *r.pick(&[(80u16, 6u8), (81, 6), (8080, 6), (53, 17), (5353, 17), (82, 6), (84, 17), (90, 6)]);
-        let l = if proto == 6 { L4::Tcp { sport, dport, flags: 0x10 } } else { L4::Udp { sport, dport } };
+        let services = [(80u16, 6u8), (81, 6), (8080, 6), (53, 17), (5353, 17), (82, 6), (84, 17), (90, 6)];
+        let (dport, proto) = *r.pick(&services);
+        let l = l4_of(dport, proto);
         let src = client4(r);
-        let mut out = vec![ipv4(None, src, v4("10.99.0.100"), l, &V4Opts { more_fragments: true, id: Some(id as u16), ..Default::default() }, b"first part")];
+        let first = |l: L4| ipv4(None, src, v4("10.99.0.100"), l, &V4Opts { more_fragments: true, id: Some(id as u16), ..Default::default() }, b"first part");
+        let mut out = vec![first(l)];
         for i in 0..later {
             let opts = V4Opts { frag_offset: 3 + i * 3, more_fragments: i + 1 < later, id: Some(id as u16), ..Default::default() };
             out.push(ipv4(None, src, v4("10.99.0.100"), l, &opts, b"later part of a datagram"));
         }
-        out
+        let other: Vec<u16> = services.iter().filter(|(p, q)| *q == proto && *p != dport).map(|s| s.0).collect();
+        let spoof = (spoofed && !other.is_empty()).then(|| first(l4_of(*r.pick(&other), proto)));
+        (out, spoof)
     } else {
-        let (dport, proto) = *r.pick(&[(80u16, 6u8), (82, 6), (84, 17)]);
-        let l = if proto == 6 { L4::Tcp { sport, dport, flags: 0x10 } } else { L4::Udp { sport, dport } };
+        let services = [(80u16, 6u8), (82, 6), (84, 17)];
+        let (dport, proto) = *r.pick(&services);
+        let l = l4_of(dport, proto);
         let src = client6(r);
         let head: Vec<Ext> = if r.chance(30) { vec![Ext::HopByHop] } else { Vec::new() };
-        let with = |e: Ext| head.iter().copied().chain([e]).collect::<Vec<_>>();
-        let mut out = vec![ipv6_ext(src, v6("fd99::100"), &with(Ext::Fragment { offset: 0, more: true, id }), l, b"first part")];
+        let tail: Vec<Ext> = if r.chance(30) { vec![Ext::DestOpts { units: r.below(2) as u8 }] } else { Vec::new() };
+        let with = |e: Ext| head.iter().copied().chain([e]).chain(tail.iter().copied()).collect::<Vec<_>>();
+        let first = |l: L4| ipv6_ext(src, v6("fd99::100"), &with(Ext::Fragment { offset: 0, more: true, id }), l, b"first part");
+        let mut out = vec![first(l)];
         for i in 0..later {
             out.push(ipv6_ext(src, v6("fd99::100"), &with(Ext::Fragment { offset: 3 + i * 3, more: i + 1 < later, id }), l, b"later part of a datagram"));
         }
-        out
+        let other: Vec<u16> = services.iter().filter(|(p, q)| *q == proto && *p != dport).map(|s| s.0).collect();
+        let spoof = (spoofed && !other.is_empty()).then(|| first(l4_of(*r.pick(&other), proto)));
+        (out, spoof)
     }
 }
 
@@ -401,6 +421,27 @@ fn l2_len(f: &[u8]) -> usize {
 }
 
 impl Oracle {
+    /// A first fragment's (destination port, upper-layer protocol), read by this file's parser.
+    fn port_of(&self, f: &[u8]) -> Option<(u16, u8)> {
+        let (_, l2, et) = l2_of(f)?;
+        let ip = f.get(l2..)?;
+        let (mut at, mut nh) = match et {
+            0x0800 if ip.len() >= 20 => ((ip[0] & 15) as usize * 4, ip[9]),
+            0x86dd if ip.len() >= 40 => (40, ip[6]),
+            _ => return None,
+        };
+        while et == 0x86dd && is_ext6(nh) && ip.len() >= at + 8 {
+            let len = match nh {
+                51 => (ip[at + 1] as usize + 2) * 4,
+                44 => 8,
+                _ => (ip[at + 1] as usize + 1) * 8,
+            };
+            nh = ip[at];
+            at += len;
+        }
+        (ip.len() >= at + 4 && (nh == 6 || nh == 17)).then(|| (be16(ip, at + 2) as u16, nh))
+    }
+
     /// Why handing `f` to the host would break lb's promise (a TCP or UDP packet for a VIP and
     /// port with a service, or one whose port cannot be read for an address with services), or
     /// None. Read by this file's own parser: the program's is what is being checked.
@@ -558,11 +599,21 @@ fn respoof(r: &mut Rng, f: &[u8]) -> Vec<u8> {
     f
 }
 
+/// Where a datagram's first fragment went ((destination, its (port, protocol))), and the
+/// packet number and time it was sent.
+type First = ((Vec<u8>, Option<(u16, u8)>), u64, Instant);
+
 /// What one run checked besides every packet's action, output and count.
 #[derive(Debug, Default)]
 pub struct Checked {
     /// Later fragments sent where their datagram's first fragment went (trains and others).
     pub followed: u64,
+    /// Later fragments with a fresh record not sent (refused, malformed), checked not to have
+    /// taken the fragment route.
+    pub unsent: u64,
+    /// Later fragments of a datagram whose record a conflicting first fragment deleted,
+    /// checked not to have followed anything.
+    pub conflicts: u64,
     /// Packets for a service that the program must not pass (it did not).
     pub for_service: u64,
     /// Frames to another host's MAC, passed.
@@ -611,7 +662,10 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
     let mut trains: Vec<(u64, Vec<u8>, bool)> = Vec::new();
     let mut train_id = 0u32;
     // Where each datagram's first fragment went, and when.
-    let mut firsts: HashMap<Vec<u8>, (Vec<u8>, Instant)> = HashMap::new();
+    let mut firsts: HashMap<Vec<u8>, First> = HashMap::new();
+    // Datagrams whose record a conflicting first fragment deleted.
+    let mut conflicted: HashSet<Vec<u8>> = HashSet::new();
+
     let done = |packets: u64| match count {
         Some(n) => packets >= n,
         None => packets % 1024 == 0 && start.elapsed().as_secs_f64() >= secs,
@@ -625,10 +679,15 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
             (f, false)
         } else if r.chance(2) {
             train_id = train_id.wrapping_add(1);
-            let mut frames = train(&mut r, 0x1_0000 | train_id).into_iter();
+            let (frames, spoof) = train(&mut r, 0x1_0000 | train_id);
+            let mut frames = frames.into_iter();
             let first = frames.next().expect("a first fragment");
+            let after = spoof.is_some() as u64;
+            if let Some(f) = spoof {
+                trains.push((packets + 1, f, false));
+            }
             for (k, f) in frames.enumerate() {
-                trains.push((packets + 1 + k as u64 + r.below(20), f, true));
+                trains.push((packets + 1 + after + k as u64 + r.below(20), f, true));
             }
             (first, false)
         } else {
@@ -640,6 +699,10 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
         if input.len() < 14 {
             continue;
         }
+        // A later fragment: the fragment table's events it causes are read around its run.
+        let fragment = fragment_of(&input);
+        let frag_events = |dp: &Balancer| [types::lb_stat::LB_FRAG_FOLLOWED, types::lb_stat::LB_FRAG_UNMATCHED].map(|s| dp.stat(s).expect("stat"));
+        let frag_before = matches!(fragment, Some((_, false))).then(|| frag_events(&dp));
         let (action, out) = dp.test_run(&input).expect("BPF_PROG_TEST_RUN");
         let after = outcomes(&dp);
         let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
@@ -670,20 +733,50 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
             a => panic!("action {a} ({})", what()),
         }
         checked.for_service += for_service.is_some() as u64;
-        // Later fragments follow the first. lb keeps a record 30 s; this checks it for 20.
-        if let Some((key, first)) = fragment_of(&input) {
+        // Later fragments follow the first. lb keeps a record 30 s (IPv4) or 60 s (IPv6); this
+        // checks it for 20, and mirrors lb's rule for a first fragment that disagrees with a
+        // fresh record (another port, protocol or backend): the record is deleted, and until a
+        // first fragment records the datagram again its later fragments never follow.
+        let [followed, unmatched] = frag_before.map(|b| {
+            let a = frag_events(&dp);
+            [a[0] - b[0], a[1] - b[1]]
+        }).unwrap_or([0, 0]);
+        if let Some((key, first)) = fragment {
             if first {
                 if action == XDP_TX && too_big == 0 {
-                    firsts.insert(key, (destination(&input, &out), Instant::now()));
-                } else {
-                    firsts.remove(&key);
+                    let went = (destination(&input, &out), oracle.port_of(&input));
+                    match firsts.get(&key).map(|e| (e.0 == went, packets - e.1, e.2.elapsed().as_secs())) {
+                        // lb held a fresh record and deleted it.
+                        Some((false, since, age)) if age < 20 && since < 2000 => {
+                            firsts.remove(&key);
+                            conflicted.insert(key);
+                        }
+                        // A record lb may still hold, or may have let expire or evicted: unknown.
+                        Some((false, _, _)) => {
+                            firsts.remove(&key);
+                            conflicted.remove(&key);
+                        }
+                        _ => {
+                            conflicted.remove(&key);
+                            firsts.insert(key, (went, packets, Instant::now()));
+                        }
+                    }
                 }
-            } else if let Some((to, when)) = firsts.get(&key).filter(|(_, w)| w.elapsed().as_secs() < 20) {
+            } else if conflicted.contains(&key) {
+                assert_eq!(followed, 0, "a later fragment followed a datagram whose record a conflicting first fragment deleted ({}; output {:02x?})", what(), out);
+                checked.conflicts += 1;
+            } else if let Some(((to, _), at, when)) = firsts.get(&key).filter(|(_, _, w)| w.elapsed().as_secs() < 20) {
                 // A too-big answer goes back to the client: the backend was chosen, not used.
                 if (action == XDP_TX && too_big == 0) || in_train {
                     assert_eq!((action, too_big), (XDP_TX, 0), "a train's later fragment was not sent ({}; first fragment {:?} ago)", what(), when.elapsed());
                     assert_eq!(&destination(&input, &out), to, "a later fragment went elsewhere than its first ({}; output {:02x?})", what(), out);
                     checked.followed += 1;
+                } else if dest != Some(Dest::OtherHost) && packets - at < 2000 {
+                    // Not sent: refused (MAC, VLAN), malformed or behind headers lb refuses; never
+                    // for want of a record that exists (fewer than 2,000 packets since the first
+                    // fragment, so no LRU eviction of lb's 8,192 records either).
+                    assert_eq!(unmatched, 0, "a later fragment with a fresh record took the fragment route ({}; action {action})", what());
+                    checked.unsent += 1;
                 }
             }
         }
@@ -709,7 +802,8 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
         if packets % 4096 == 0 {
             assert_eq!(dp.forwarded().expect("forwarded") - forwarded0, forwarded, "backend counters after {packets} packets (seed {seed})");
             dp.tick().expect("tick");
-            firsts.retain(|_, (_, w)| w.elapsed().as_secs() < 20);
+            // Kept past lb's 60 s, so that a disagreement with a record lb may still hold is known.
+            firsts.retain(|_, (_, _, w)| w.elapsed().as_secs() < 70);
         }
     }
     assert_eq!(dp.forwarded().expect("forwarded") - forwarded0, forwarded, "backend counters at the end (seed {seed})");
@@ -725,19 +819,21 @@ fn root_fuzzed_packets_never_break_the_data_planes_promises() {
     let t = Instant::now();
     let (n, a, c) = run(seed, secs, count);
     println!(
-        "fuzz_packets: {n} packets from seed {seed} in {:.0} s: {} passed, {} dropped, {} sent; every one checked; {} later fragments followed their first, {} packets for a service not passed, {} frames for other hosts passed, {} frames through lb decap ({} from outside its allow-list, none unwrapped)",
+        "fuzz_packets: {n} packets from seed {seed} in {:.0} s: {} passed, {} dropped, {} sent; every one checked; {} later fragments followed their first, {} unsent ones did not take the fragment route, {} of spoofed datagrams followed nothing, {} packets for a service not passed, {} frames for other hosts passed, {} frames through lb decap ({} from outside its allow-list, none unwrapped)",
         t.elapsed().as_secs_f64(),
         a[2],
         a[1],
         a[3],
         c.followed,
+        c.unsent,
+        c.conflicts,
         c.for_service,
         c.other_host,
         c.decap,
         c.decap_outside
     );
     assert!(a[1] > 0 && a[2] > 0 && a[3] > 0, "the generator reached every action: {a:?}");
-    assert!(c.followed > 0 && c.for_service > 0 && c.other_host > 0 && c.decap_outside > 0, "every invariant was exercised: {c:?}");
+    assert!(c.followed > 0 && c.conflicts > 0 && c.for_service > 0 && c.other_host > 0 && c.decap_outside > 0, "every invariant was exercised: {c:?}");
 }
 
 #[test]
@@ -790,6 +886,14 @@ fn the_oracle_rejects_what_the_data_plane_must_not_do() {
         ("another host's MAC", to_mac(&syn, [0x02, 0, 0, 0, 0, 0x42])),
         ("another port", ipv4_simple(v4("192.0.2.7"), v4("10.99.0.100"), L4::syn(4000, 81))),
         ("ICMPv6 behind hop-by-hop", ipv6_ext(v6("2001:db8::7"), v6("fd99::100"), &[Ext::HopByHop], L4::IcmpEcho, b"")),
+        // What lb does not look inside (docs/data-plane.md): TCP or UDP carried by another
+        // protocol passes to the host, by decision.
+        ("GRE to the VIP", {
+            let mut f = syn.clone();
+            f[14 + 9] = 47;
+            f
+        }),
+        ("ESP to the VIP over IPv6", ipv6(v6("2001:db8::7"), v6("fd99::100"), L4::syn(4000, 80), Some(50), b"")),
     ] {
         assert!(oracle.must_not_pass(&f).is_none(), "{what}");
     }
@@ -800,4 +904,10 @@ fn the_oracle_rejects_what_the_data_plane_must_not_do() {
     let (k2, f2) = fragment_of(&later).expect("a fragment");
     assert!(f1 && !f2 && k1 == k2);
     assert!(fragment_of(&syn6(&[Ext::Fragment { offset: 0, more: false, id: 9 }])).is_none(), "an atomic fragment is no fragment");
+    // With a header after the fragment header, the key names that header for both.
+    let first = syn6(&[Ext::Fragment { offset: 0, more: true, id: 9 }, Ext::DestOpts { units: 0 }]);
+    let later = syn6(&[Ext::Fragment { offset: 5, more: false, id: 9 }, Ext::DestOpts { units: 0 }]);
+    assert_eq!(fragment_of(&first).map(|k| k.0), fragment_of(&later).map(|k| k.0));
+    assert!(oracle.must_not_pass(&later).is_some(), "a later fragment behind which a header follows");
+    assert_eq!(oracle.port_of(&first), Some((80, 6)));
 }

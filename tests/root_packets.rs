@@ -605,8 +605,8 @@ fn root_ipv6_extension_headers_are_parsed_or_refused() {
             web6(41003),
         ),
         drop(
-            "five extension headers (more than lb walks), to a VIP with services: dropped",
-            ipv6_ext(c6, vip, &[Ext::HopByHop, dst(0), dst(0), dst(0), dst(0)], L4::syn(41004, 443), b"x"),
+            "seven extension headers (more than lb walks), to a VIP with services: dropped",
+            ipv6_ext(c6, vip, &[Ext::HopByHop, dst(0), dst(0), dst(0), dst(0), dst(0), dst(0)], L4::syn(41004, 443), b"x"),
             types::lb_stat::LB_DROP_EXT_HEADER,
         ),
         drop(

@@ -105,6 +105,7 @@ static __always_inline int encap(struct pkt *p, const struct lb_service *svc, __
 			write_gue((void *)(ip6 + 1), p, gue_port);
 	}
 	add_traffic(id, p->bytes);
+	p->sent = 1;
 	return XDP_TX;
 }
 

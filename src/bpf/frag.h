@@ -18,9 +18,12 @@
 #ifndef LB_FRAG_ENTRIES
 #define LB_FRAG_ENTRIES 8192
 #endif
-/* A record older than this is ignored: Linux gives up reassembling a datagram after 30 s
- * (net.ipv4.ipfrag_time), and an identification may be reused after that. */
-#define LB_FRAG_TTL_NS (30ull * 1000 * 1000 * 1000)
+/* A record older than this is ignored: Linux gives up reassembling an IPv4 datagram after 30 s
+ * (net.ipv4.ipfrag_time) and an IPv6 one after 60 s (net.ipv6.ip6frag_time), and an
+ * identification may be reused after that. Per family, so that a backend still reassembling
+ * gets every fragment its own stack waits for. */
+#define LB_FRAG_TTL4_NS (30ull * 1000 * 1000 * 1000)
+#define LB_FRAG_TTL6_NS (60ull * 1000 * 1000 * 1000)
 
 /* The key, struct lb_frag_key, is in parse.h: the parsed packet carries one. */
 
@@ -31,7 +34,9 @@ struct lb_frag {
 	__u32 gen;       /* backend_gen of the id then: a record of a reissued id is ignored */
 	__u32 hash;      /* the first fragment's flow hash: outer headers (GUE port, source) alike */
 	__be16 port;     /* the first fragment's destination port: its service, looked up again */
-	__u8 pad[2];
+	__u8 proto;      /* and its upper-layer protocol (TCP or UDP): the key's may name an
+			  * extension header (IPv6) */
+	__u8 pad;
 };
 
 /* First fragments -> where they went (struct lb_frag). Shared by all CPUs: fragments of one
@@ -43,9 +48,29 @@ struct {
 	__type(value, struct lb_frag);
 } frag_routes SEC(".maps");
 
-/* Records that a first fragment (`k`, destination port `port`) is sent to backend `id`. */
-static __always_inline void frag_record(const struct lb_frag_key *k, __be16 port, __u32 id, __u32 hash)
+/* Whether record `f` of key `k` still counts: younger than its family's reassembly time, and
+ * its backend id not reissued since. */
+static __always_inline int frag_fresh(const struct lb_frag_key *k, const struct lb_frag *f)
 {
+	__u64 ttl = k->family == LB_FAMILY_V6 ? LB_FRAG_TTL6_NS : LB_FRAG_TTL4_NS;
+	__u32 id = f->backend, *gen;
+
+	if (bpf_ktime_get_coarse_ns() - f->born_ns > ttl)
+		return 0;
+	gen = bpf_map_lookup_elem(&backend_gen, &id);
+	return gen && *gen == f->gen;
+}
+
+/* Records that a first fragment (`k`, destination port `port`, protocol `proto`) was sent to
+ * backend `id`. Only a first fragment that agrees with a fresh record of its key refreshes
+ * it: one for another port (another service of the VIP) or another backend is either a
+ * spoof (anyone may send a first fragment with a victim's source and identification) or a
+ * collision of identifications, and nobody can tell which, so the record is deleted rather
+ * than re-pointed; the datagram's later fragments then take the fragment route, counted as
+ * unmatched, and never follow a stranger to another service's backend. */
+static __always_inline void frag_record(const struct lb_frag_key *k, __be16 port, __u8 proto, __u32 id, __u32 hash)
+{
+	struct lb_frag *old = bpf_map_lookup_elem(&frag_routes, k);
 	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
 	struct lb_frag f = {
 		.born_ns = bpf_ktime_get_coarse_ns(),
@@ -53,8 +78,14 @@ static __always_inline void frag_record(const struct lb_frag_key *k, __be16 port
 		.gen = gen ? *gen : 0,
 		.hash = hash,
 		.port = port,
+		.proto = proto,
 	};
 
+	if (old && frag_fresh(k, old) && (old->port != port || old->proto != proto || old->backend != id)) {
+		if (bpf_map_delete_elem(&frag_routes, k) == 0)
+			count(LB_FRAG_CONFLICT, 0);
+		return;
+	}
 	if (bpf_map_update_elem(&frag_routes, k, &f, BPF_ANY) == 0)
 		count(LB_FRAG_RECORDED, 0);
 }
@@ -64,13 +95,8 @@ static __always_inline void frag_record(const struct lb_frag_key *k, __be16 port
 static __always_inline const struct lb_frag *frag_find(const struct lb_frag_key *k)
 {
 	struct lb_frag *f = bpf_map_lookup_elem(&frag_routes, k);
-	__u32 id, *gen;
 
-	if (!f || bpf_ktime_get_coarse_ns() - f->born_ns > LB_FRAG_TTL_NS)
-		return NULL;
-	id = f->backend;
-	gen = bpf_map_lookup_elem(&backend_gen, &id);
-	if (!gen || *gen != f->gen)
+	if (!f || !frag_fresh(k, f))
 		return NULL;
 	return f;
 }

@@ -5,8 +5,9 @@
  * encapsulated (IPIP or GUE, encap.h) to a backend anywhere routable; either way the frame goes
  * back out of the interface it came in on (XDP_TX). Backends hold the VIP on their loopback and
  * answer clients directly. ICMP errors about a service's flows (a router on the way back to the
- * client saying "fragmentation needed") reach the backend that owns the flow. Everything that is not for a service leaves unchanged (XDP_PASS);
- * everything that is for a service but cannot be forwarded is dropped for a named, counted reason.
+ * client saying "fragmentation needed") reach the backend that owns the flow. Well-formed traffic that is not for a service
+ * leaves unchanged (XDP_PASS); malformed IP is dropped wherever it goes; everything that is for a
+ * service but cannot be forwarded is dropped for a named, counted reason.
  * There are no rings, weights or searches here: the control plane compiled them into each
  * service's destination table.
  *
@@ -123,20 +124,28 @@ static __always_inline void frag_key(struct lb_frag_key *k, const void *src, con
 
 /* A later fragment (no ports): where its datagram's first fragment went, if that is recorded;
  * otherwise the fragment route of its (address, protocol) decides, as for any fragment: by the
- * client's address (`client_hash`) when that route hashes by it, else dropped. */
+ * client's address (`client_hash`) when that route hashes by it, else dropped. An IPv6 later
+ * fragment whose fragment header names an extension header (the fragmentable part starts with
+ * destination options, say) has no protocol lb could route by: without a record it is dropped
+ * when its address has services, and passed otherwise. */
 static __always_inline int later_fragment(struct pkt *p, const struct lb_frag_key *k, __u32 client_hash)
 {
-	const struct lb_service *svc = find_route(k->dst, key_tail(0, k->proto, k->family));
+	const struct lb_service *svc = NULL;
 	const struct lb_frag *f;
 
-	if (!svc)
+	if (k->proto == IPPROTO_TCP || k->proto == IPPROTO_UDP) {
+		svc = find_route(k->dst, key_tail(0, k->proto, k->family));
+		if (!svc)
+			return count(LB_STAT_PASSED, XDP_PASS);
+	} else if (!has_services(k->dst, k->family)) {
 		return count(LB_STAT_PASSED, XDP_PASS);
+	}
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
 	f = frag_find(k);
 	if (f) {
-		/* The first fragment's own service (its port), as it is now. */
-		const struct lb_service *own = find_route(k->dst, key_tail(f->port, k->proto, k->family));
+		/* The first fragment's own service (its port and protocol), as it is now. */
+		const struct lb_service *own = find_route(k->dst, key_tail(f->port, f->proto, k->family));
 		__u32 id = f->backend;
 
 		if (own) {
@@ -146,7 +155,7 @@ static __always_inline int later_fragment(struct pkt *p, const struct lb_frag_ke
 		}
 	}
 	count(LB_FRAG_UNMATCHED, 0);
-	if (svc->hash_mode != LB_HASH_CLIENT_IP)
+	if (!svc || svc->hash_mode != LB_HASH_CLIENT_IP)
 		return count(LB_DROP_FRAGMENT, XDP_DROP);
 	p->hash = client_hash;
 	return forward(p, svc);
@@ -206,6 +215,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 		frag_key(&k, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
 		p->frag = &k;
 		p->dport = ports >> 16;
+		p->l4proto = iph->protocol;
 	}
 	l[0] = (__u64)iph->saddr | (__u64)iph->daddr << 32;
 	l[1] = (__u64)ports | (__u64)iph->protocol << 32;
@@ -246,7 +256,21 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	nh = x.nh;
 	left = x.left;
 	__builtin_memcpy(dst, &ip6->daddr, 16);
-	if (x.odd || ipv6_ext(nh)) {
+	if (x.odd) {
+		if (!has_services(dst, LB_FAMILY_V6))
+			return count(LB_STAT_PASSED, XDP_PASS);
+		return count(p->refuse ? p->refuse : LB_DROP_EXT_HEADER, XDP_DROP);
+	}
+	__builtin_memcpy(l, &ip6->saddr, 32); /* source, then destination: lanes 0-3 */
+	/* A later fragment, whatever its fragment header names next (TCP, UDP, or the first
+	 * extension header of the fragmentable part): keyed by that, as its first fragment is. */
+	if (x.frag == 2) {
+		if (x.fnh != IPPROTO_TCP && x.fnh != IPPROTO_UDP && !ipv6_ext(x.fnh))
+			return count(LB_STAT_PASSED, XDP_PASS);
+		frag_key(&k, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
+		return later_fragment(p, &k, hash16(l[0], l[1]));
+	}
+	if (ipv6_ext(nh)) {
 		if (!has_services(dst, LB_FAMILY_V6))
 			return count(LB_STAT_PASSED, XDP_PASS);
 		return count(p->refuse ? p->refuse : LB_DROP_EXT_HEADER, XDP_DROP);
@@ -255,11 +279,6 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 		return handle_icmp6(c, p, &ip6->daddr);
 	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
 		return count(LB_STAT_PASSED, XDP_PASS);
-	__builtin_memcpy(l, &ip6->saddr, 32); /* source, then destination: lanes 0-3 */
-	if (x.frag == 2) {
-		frag_key(&k, &ip6->saddr, dst, x.id, nh, LB_FAMILY_V6);
-		return later_fragment(p, &k, hash16(l[0], l[1]));
-	}
 	l4 = parse_ports(c, nh, &ports, &tcp_flags, left);
 	if (l4 == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
@@ -271,9 +290,10 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
 	if (x.frag == 1) {
-		frag_key(&k, &ip6->saddr, dst, x.id, nh, LB_FAMILY_V6);
+		frag_key(&k, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
 		p->frag = &k;
 		p->dport = ports >> 16;
+		p->l4proto = nh;
 	}
 	l[4] = (__u64)ports | (__u64)nh << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);

@@ -264,6 +264,9 @@ enum lb_stat {
 	LB_FRAG_UNMATCHED,     /* a later fragment without a record: the fragment route decided */
 	LB_CT_NO_ROOM,         /* a flow's next packet found its buckets in `flows` full of confirmed,
 				* live flows: it stays half-open (followed through flow_pending) */
+	LB_FRAG_CONFLICT,      /* a first fragment disagreed with its datagram's fresh record (another
+				* port or backend: a spoof or a reused identification): the record
+				* was deleted, not re-pointed */
 	LB_STAT_MAX,
 };
 

@@ -31,8 +31,10 @@
 #define IPV6_MOBILITY 135
 #define IPV6_HIP 139
 #define IPV6_SHIM6 140
-/* At most this many extension headers are walked before the upper-layer header. */
-#define LB_IPV6_EXT_MAX 4
+/* At most this many extension headers are walked before the upper-layer header: enough for
+ * the longest legal chain RFC 8200 section 4.1 orders (hop-by-hop, destination options,
+ * routing, fragment, destination options), with one to spare. */
+#define LB_IPV6_EXT_MAX 6
 
 struct cursor {
 	void *pos;
@@ -96,6 +98,9 @@ struct ipv6_ext {
 	__u32 left;     /* bytes of the payload from the cursor on */
 	__be32 id;      /* a fragment header's identification */
 	__u8 nh;        /* the next header after the last one walked */
+	__u8 fnh;       /* a fragment header's own next header: the first header of the
+			 * fragmentable part, what every fragment of the datagram carries (the key's
+			 * protocol), where `nh` of a first fragment may be further on */
 	__u8 frag;      /* 0: no fragment header (or an atomic fragment), 1: a first fragment,
 			 * 2: a later one (the cursor is then in the middle of the datagram) */
 	__u8 odd;       /* headers lb must not balance behind (see handle_ipv6()) */
@@ -137,6 +142,7 @@ static __always_inline struct ipv6_ext parse_ipv6_ext(struct cursor *c, __u8 nh,
 				goto malformed;
 			x.left -= 8;
 			x.nh = o[0];
+			x.fnh = o[0];
 			off = bpf_ntohs(*(__be16 *)(o + 2));
 			if (x.frag)
 				x.odd = 1; /* two fragment headers */
@@ -164,7 +170,8 @@ struct lb_frag_key {
 	__be32 src[4];
 	__be32 dst[4];
 	__be32 id;
-	__u8 proto;  /* the upper-layer protocol: IPPROTO_TCP or IPPROTO_UDP */
+	__u8 proto;  /* IPv4: the protocol, TCP or UDP; IPv6: the fragment header's next header
+		      * (TCP, UDP, or an extension header in the fragmentable part) */
 	__u8 family; /* enum lb_family */
 	__u8 pad[2];
 };
@@ -184,6 +191,9 @@ struct pkt {
 	__u8 refuse;  /* 0, or the enum lb_stat drop reason of a frame lb never balances (not
 		       * unicast to it, or from another VLAN): counted once it is for a service */
 	__be16 dport; /* a first fragment's destination port */
+	__u8 l4proto; /* a first fragment's upper-layer protocol (TCP or UDP) */
+	__u8 sent;    /* set by send() and encap() once the frame goes to the backend (not a
+		       * "too big" answer): only then is a first fragment's backend recorded */
 	/* A first fragment's datagram (on the handler's stack): send() records the backend it
 	 * goes to there for the later fragments (frag.h). NULL for every other packet. */
 	const struct lb_frag_key *frag;

@@ -91,17 +91,24 @@ static __always_inline int send(struct pkt *p, const struct lb_service *svc, __u
 
 	if (!be || !(be->flags & LB_BACKEND_MAC_KNOWN))
 		return count(LB_DROP_NO_MAC, XDP_DROP);
+	int act;
+
+	if (svc->forward != LB_FWD_L2) {
+		act = encap(p, svc, id, be);
+	} else {
+		__builtin_memcpy(p->eth->h_dest, be->mac, 6);
+		__builtin_memcpy(p->eth->h_source, lb_settings.ifmac, 6);
+		/* Forwarded packets are counted per backend only; their total is the sum. */
+		add_traffic(id, p->bytes);
+		p->sent = 1;
+		act = XDP_TX;
+	}
 	/* Whoever chose the backend (the flow table or the destination table), a first fragment's
-	 * later fragments go where it goes. */
-	if (p->frag)
-		frag_record(p->frag, p->dport, id, p->hash);
-	if (svc->forward != LB_FWD_L2)
-		return encap(p, svc, id, be);
-	__builtin_memcpy(p->eth->h_dest, be->mac, 6);
-	__builtin_memcpy(p->eth->h_source, lb_settings.ifmac, 6);
-	/* Forwarded packets are counted per backend only; their total is the sum. */
-	add_traffic(id, p->bytes);
-	return XDP_TX;
+	 * later fragments go where it went: recorded once it did go there, never for a first
+	 * fragment dropped or answered "too big" (its sender sends the datagram again, smaller). */
+	if (p->frag && p->sent)
+		frag_record(p->frag, p->dport, p->l4proto, id, p->hash);
+	return act;
 }
 
 /* The route of a packet has been found and hashed: pick the slot, the backend, and send. */

@@ -21,7 +21,8 @@ use crate::xdp::ensure_present;
 /// has the file open.
 const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
 
-/// How often the data plane's clock (connection-tracking ages) is advanced.
+/// How often the data plane's clock record is written and the interface's MAC checked (a
+/// changed MAC is followed within this).
 const CLOCK_TICK: Duration = Duration::from_millis(250);
 
 /// How often the neighbour table is re-read and unresolved or stale backends re-primed, on top
@@ -72,6 +73,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         if now >= next_tick {
             next_tick = now + CLOCK_TICK;
             d.dp.tick()?;
+            d.follow_mac()?;
         }
         if now >= next_recheck {
             next_recheck = now + d.settings.recheck_interval;

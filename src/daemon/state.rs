@@ -6,7 +6,7 @@
 use anyhow::Result;
 
 use lb::config::Pool;
-use lb::dataplane::link::Interface;
+use lb::dataplane::link::{self, mac_text, Interface};
 use lb::dataplane::netlink;
 use lb::plan::Touched;
 
@@ -75,6 +75,20 @@ impl Daemon<'_> {
     /// Takes the neighbour changes the kernel sent.
     pub(super) fn on_neighbour_events(&mut self) -> Result<()> {
         self.neighbours.on_events(&mut self.dp, &self.ifc, &mut self.nl)
+    }
+
+    /// Follows the interface's MAC. The program balances only frames sent to the MAC it was
+    /// told, and sends from it: after `ip link set DEV address`, a bond's fail_over_mac or any
+    /// other change, every frame would count as `other_host` and reach the host, so a change
+    /// is written to the data plane at once, and logged.
+    pub(super) fn follow_mac(&mut self) -> Result<()> {
+        let Some(mac) = link::current_mac(self.ifc.ifindex) else { return Ok(()) };
+        if mac != self.ifc.mac {
+            self.dp.set_ifmac(mac)?;
+            log(format!("{}'s MAC changed from {} to {}: lb now balances frames sent to the new one", self.ifc.name, mac_text(&self.ifc.mac), mac_text(&mac)));
+            self.ifc.mac = mac;
+        }
+        Ok(())
     }
 
     /// Follows the interface's MTU and the routes to encapsulated backends, re-reads the

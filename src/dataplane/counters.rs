@@ -180,9 +180,9 @@ fn drop_counters() -> [(&'static str, types::lb_stat); 13] {
 }
 
 /// The fragment table's events (src/bpf/frag.h).
-fn fragment_counters() -> [(&'static str, types::lb_stat); 3] {
+fn fragment_counters() -> [(&'static str, types::lb_stat); 4] {
     use types::lb_stat as S;
-    [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED)]
+    [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED), ("conflict", S::LB_FRAG_CONFLICT)]
 }
 
 fn ct_counters() -> [(&'static str, types::lb_stat); 7] {

@@ -57,6 +57,16 @@ pub fn interface(name: &str) -> Result<Interface> {
     Ok(Interface { name: name.to_string(), ifindex, mac, up, addresses })
 }
 
+/// The current MAC of the interface with index `ifindex`, or None when it is gone or not Ethernet.
+/// Read by index, not name, so a renamed interface is still found; through netlink
+/// (getifaddrs), so it is always this network namespace's interface.
+pub fn current_mac(ifindex: u32) -> Option<[u8; 6]> {
+    getifaddrs().ok()?.find_map(|ifa| {
+        let link = *ifa.address?.as_link_addr()?;
+        (link.ifindex() as u32 == ifindex && link.hatype() == ARPHRD_ETHER).then(|| link.addr()).flatten()
+    })
+}
+
 /// The interface that holds `addr` in this namespace, if any (for "this VIP arrives elsewhere").
 pub fn owner_of(addr: IpAddr) -> Option<String> {
     getifaddrs().ok()?.find_map(|ifa| {
