@@ -194,14 +194,12 @@ impl Dataplane {
     /// owner. Reissued from generation 0, it would count up to the one those entries carry and
     /// make them usable again, sending their flows to a backend they never had.
     pub(crate) fn recall(&mut self, live: &plan::LiveMaps) -> Result<()> {
-        let max_id = self.sizes()?.backends - 1;
-        for id in 1..=max_id {
-            // An id never issued reads 0, which is what a missing entry means here too.
-            if let Some(v) = self.skel.maps.backend_gen.lookup(&id.to_ne_bytes(), MapFlags::ANY)? {
-                let gen = value_of::<u32>(&v);
-                if gen != 0 {
-                    self.gens.insert(id, gen);
-                }
+        // In batches (65,536 single lookups cost the adoption about 0.4 s); an id never issued
+        // reads 0, which is what a missing entry means here too.
+        for (k, v) in self.skel.maps.backend_gen.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+            let (id, gen) = (value_of::<u32>(&k), value_of::<u32>(&v));
+            if id != 0 && gen != 0 {
+                self.gens.insert(id, gen);
             }
         }
         for (id, address, ..) in &live.backends {
