@@ -794,9 +794,10 @@ fn hold_udp(vip: IpAddr, port: u16, sources: &[IpAddr], n: usize, seconds: Durat
         let sport = 41000 + i as u16;
         let s = UdpSocket::from(bound(src, sport, nix::sys::socket::SockType::Datagram)?);
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        // Two tries: the first datagram of a flow can meet a backend's neighbour entry being made.
+        // Five tries: the first datagram of a flow can meet a backend's neighbour entry being
+        // made, and the first flows a backend's UDP server still starting (on a busy machine).
         let mut name = None;
-        for _ in 0..2 {
+        for _ in 0..5 {
             s.send_to(b"who\n", to)?;
             let mut buf = [0u8; 128];
             if let Ok((k, from)) = s.recv_from(&mut buf) {
