@@ -8,7 +8,6 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::packet::*;
@@ -272,91 +271,6 @@ fn root_an_unconfirmed_or_expired_entry_makes_room_for_a_promotion() {
     tcp(&dp, v4("192.0.2.1"), 3000, ACK);
     assert_eq!(ct(&dp, types::lb_stat::LB_CT_EVICTED) - before, 1, "an unconfirmed entry gave way");
     assert_eq!(ct(&dp, types::lb_stat::LB_CT_NO_ROOM), 0);
-}
-
-/// Runs an XDP program by fd `repeat` times on `frame` in one BPF_PROG_TEST_RUN, on the calling
-/// thread's CPU, with no syscall between the runs: the last run's action.
-fn run_fd(fd: i32, frame: &[u8], repeat: u32) -> u32 {
-    use libbpf_rs::libbpf_sys as sys;
-    let mut opts = sys::bpf_test_run_opts {
-        sz: std::mem::size_of::<sys::bpf_test_run_opts>() as _,
-        data_in: frame.as_ptr().cast(),
-        data_size_in: frame.len() as u32,
-        repeat: repeat as _,
-        ..Default::default()
-    };
-    // SAFETY: the input buffer outlives the call and its size is as given (no output buffer);
-    // fd is a loaded program that the caller keeps open.
-    let rc = unsafe { sys::bpf_prog_test_run_opts(fd, &mut opts) };
-    assert_eq!(rc, 0, "BPF_PROG_TEST_RUN");
-    opts.retval
-}
-
-#[test]
-fn root_two_cpus_writing_one_bucket_never_tear_an_entry() {
-    use std::os::fd::AsRawFd;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus < 2 {
-        eprintln!("skipped: needs two CPUs");
-        return;
-    }
-    // One bucket of four slots and the guard off: a flow's first packet writes one of the
-    // same four slots. Each CPU sends its own three flows, all of which the table gives to
-    // one backend (CPU 0's to .11, CPU 1's to .12), so any packet counted to the other CPU's
-    // backend followed an entry with one flow's tag and another's backend. Each packet is a
-    // SYN with RST: it makes its flow's entry when there is none and ends (or, now, shortens
-    // and remakes) it when there is, so every other run of the program writes a slot, many
-    // hundred times per syscall, on both CPUs at once.
-    let (mut dp, a) = setup_pool(A, 4, false);
-    // BPF_PROG_TEST_RUN's repeats run on one buffer, which the first run rewrites: with every
-    // backend at lb's own MAC the rewritten frame is still addressed to lb, not another host.
-    for b in 11..=13u8 {
-        dp.set_mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, b)), Some(IFMAC)).expect("mac");
-    }
-    let t = Tables::of(&a);
-    let flows_to = |backend: &str, base: u32| -> Vec<(Ipv4Addr, u16)> {
-        (0..10_000u32)
-            .map(|i| (Ipv4Addr::from(base + i), 7000u16))
-            .filter(|&(src, sport)| t.says("web", src.into(), sport) == ip(backend))
-            .take(3)
-            .collect()
-    };
-    let sets = [flows_to("10.99.0.11", 0x0a01_0000), flows_to("10.99.0.12", 0x0a02_0000)];
-    let fd = dp.program_fd().as_raw_fd();
-    let rounds: u32 = std::env::var("LB_RACE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
-    const REPEAT: u32 = 200;
-    let start = Arc::new(Barrier::new(2));
-    let workers: Vec<_> = sets
-        .iter()
-        .enumerate()
-        .map(|(cpu, flows)| {
-            let frames: Vec<Vec<u8>> =
-                flows.iter().map(|&(src, sport)| ipv4_simple(src, v4("10.99.0.100"), L4::Tcp { sport, dport: 80, flags: SYN | RST })).collect();
-            let start = start.clone();
-            std::thread::spawn(move || {
-                let mut set = nix::sched::CpuSet::new();
-                set.set(cpu).expect("cpu");
-                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("affinity");
-                start.wait();
-                let mut sent = 0u64;
-                for r in 0..rounds {
-                    assert_eq!(run_fd(fd, &frames[r as usize % frames.len()], REPEAT), XDP_TX);
-                    sent += REPEAT as u64;
-                }
-                sent
-            })
-        })
-        .collect();
-    let sent: Vec<u64> = workers.into_iter().map(|w| w.join().expect("worker")).collect();
-    let snap = dp.snapshot().expect("snapshot");
-    let web = snap.services.iter().find(|s| s.name == "web").expect("web");
-    let got = |addr: &str| web.backends.iter().find(|b| b.address == ip(addr)).map_or(0, |b| b.traffic.packets);
-    assert_eq!(
-        (got("10.99.0.11"), got("10.99.0.12"), got("10.99.0.13")),
-        (sent[0], sent[1], 0),
-        "packets per backend: a flow's packet followed an entry holding its tag and another flow's backend"
-    );
-    assert!(ct(&dp, types::lb_stat::LB_CT_NEW) > 100_000, "the two CPUs wrote the slots over and over");
 }
 
 #[test]
