@@ -16,3 +16,12 @@ pub(crate) fn os_text(e: &std::io::Error) -> String {
     let mut chars = text.chars();
     chars.next().map_or(String::new(), |c| c.to_lowercase().chain(chars).collect())
 }
+
+/// `12s ago`, or `-` for a time never set.
+pub(crate) fn since_text(ms: u64) -> String {
+    if ms == 0 {
+        return "-".to_string();
+    }
+    let ago = lb::dataplane::pin::now_ms().saturating_sub(ms) / 1000;
+    format!("{ago}s ago")
+}

@@ -15,17 +15,9 @@ use anyhow::{bail, Context, Result};
 
 use lb::dataplane::{pin, PinnedMaps};
 
+use crate::log::since_text;
 use crate::plane::layout_hash;
 use crate::xdp::check_privileges;
-
-/// `12s ago`, or `-` for a time never set.
-pub(crate) fn since_text(ms: u64) -> String {
-    if ms == 0 {
-        return "-".to_string();
-    }
-    let ago = pin::now_ms().saturating_sub(ms) / 1000;
-    format!("{ago}s ago")
-}
 
 /// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
 pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {

@@ -22,7 +22,7 @@ use lb::dataplane::{pin, PinnedMaps};
 
 use super::describe::describe_touched;
 use crate::log::log;
-use crate::pinned::since_text;
+use crate::log::since_text;
 use crate::plane::{layout_hash, Plane, Reuse};
 
 /// A pinned data plane found for the interface, to be adopted.
