@@ -37,18 +37,8 @@ fn pool(text: &str) -> Pool {
 }
 
 fn setup_pool(text: &str, conntrack_size: u32, guard: bool) -> (Balancer, Pool) {
-    common::require_root();
     let p = pool(text);
-    let mut dp = Balancer::load_sized(1 << 20, conntrack_size).expect("load");
-    dp.set_conntrack_guard(guard).expect("guard");
-    let macs = |a: IpAddr| Some(mac(a));
-    dp.install(&p, IFMAC, &macs).expect("install");
-    // The backends later pools add.
-    for a in 11..=16u8 {
-        let addr = IpAddr::V4(Ipv4Addr::new(10, 99, 0, a));
-        dp.set_mac(addr, Some(mac(addr))).expect("mac");
-    }
-    (dp, p)
+    (common::tracked_plane(&p, conntrack_size, guard, mac), p)
 }
 
 /// For each service of `pool`, a function (src, sport) -> the backend its table says.

@@ -552,21 +552,20 @@ fn root_port_zero_and_padding_never_reach_a_service() {
     let client = v4("192.0.2.7");
     // A UDP datagram of 20 bytes (no UDP header at all), in a frame padded to 60 bytes whose
     // padding holds a UDP header to the dns service.
-    let mut short = ipv4_simple(client, v4("10.99.0.100"), L4::Udp { sport: 5353, dport: 53 });
-    short.truncate(14 + 28);
-    short[16..18].copy_from_slice(&20u16.to_be_bytes());
-    short[24..26].copy_from_slice(&[0, 0]);
-    let c = csum(&short[14..34]);
-    short[24..26].copy_from_slice(&c.to_be_bytes());
-    short.resize(60, 0);
+    // An IPv4 frame (20-byte header) whose datagram says it is `len` bytes, its checksum mended,
+    // cut after `keep` of its bytes and padded with `pad` to the 60-byte Ethernet minimum.
+    let shortened = |mut f: Vec<u8>, len: u16, keep: usize, pad: u8| {
+        f.truncate(14 + keep);
+        f[16..18].copy_from_slice(&len.to_be_bytes());
+        f[24..26].copy_from_slice(&[0, 0]);
+        let c = csum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f.resize(60, pad);
+        f
+    };
+    let short = shortened(ipv4_simple(client, v4("10.99.0.100"), L4::Udp { sport: 5353, dport: 53 }), 20, 28, 0);
     // And a TCP datagram that ends 4 bytes into its header.
-    let mut cut = ipv4_simple(client, v4("10.99.0.100"), L4::syn(40300, 80));
-    cut.truncate(14 + 24);
-    cut[16..18].copy_from_slice(&24u16.to_be_bytes());
-    cut[24..26].copy_from_slice(&[0, 0]);
-    let c = csum(&cut[14..34]);
-    cut[24..26].copy_from_slice(&c.to_be_bytes());
-    cut.resize(60, 0x50);
+    let cut = shortened(ipv4_simple(client, v4("10.99.0.100"), L4::syn(40300, 80)), 24, 24, 0x50);
     let fixtures = vec![
         pass("TCP to port 0 of a client-ip VIP (it has a fragment route): passed", ipv4_simple(client, v4("10.99.0.150"), L4::syn(40301, 0))),
         pass("UDP to port 0 of a VIP: passed", ipv4_simple(client, v4("10.99.0.100"), L4::Udp { sport: 1, dport: 0 })),
@@ -578,7 +577,7 @@ fn root_port_zero_and_padding_never_reach_a_service() {
 }
 
 /// Finding 7 of issue 22: IPv6 extension headers are walked (hop-by-hop, destination options,
-/// routing, fragment; at most 4), and a packet for a VIP with services whose port lb cannot read
+/// routing, fragment; at most 6), and a packet for a VIP with services whose port lb cannot read
 /// or must not balance is dropped, counted, never passed to the host.
 #[test]
 fn root_ipv6_extension_headers_are_parsed_or_refused() {

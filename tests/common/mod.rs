@@ -376,3 +376,19 @@ pub fn serves(prog_id: u32, pool: &lb::config::Pool, mac: &dyn Fn(std::net::IpAd
     }
     Ok(())
 }
+
+/// A data plane for BPF_PROG_TEST_RUN with `pool` installed (lb's MAC: packet::IFMAC), a flow
+/// table of `conntrack_size` slots with the guard on or off, and MACs (`mac`) known for
+/// 10.99.0.11 to .16, the backends later pools add: the connection-tracking tests' start.
+pub fn tracked_plane(pool: &lb::config::Pool, conntrack_size: u32, guard: bool, mac: fn(std::net::IpAddr) -> [u8; 6]) -> lb::balancer::Balancer {
+    require_root();
+    let mut dp = lb::balancer::Balancer::load_sized(1 << 20, conntrack_size).expect("load");
+    dp.set_conntrack_guard(guard).expect("guard");
+    let macs = |a: std::net::IpAddr| Some(mac(a));
+    dp.install(pool, packet::IFMAC, &macs).expect("install");
+    for a in 11..=16u8 {
+        let addr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 99, 0, a));
+        dp.set_mac(addr, Some(mac(addr))).expect("mac");
+    }
+    dp
+}
