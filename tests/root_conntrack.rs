@@ -197,7 +197,7 @@ fn root_udp_entries_age_out_and_a_reset_makes_the_next_syn_a_new_flow() {
     for &(src, sport) in &flows {
         assert_eq!(udp(&dp, src, sport), table_says(&a, "dns", src, sport), "fresh entries hold");
     }
-    // 300 ms idle plus a margin, on the clock lb attach advances several times a second.
+    // 300 ms idle plus a margin, on the kernel clock the program reads itself.
     std::thread::sleep(Duration::from_millis(450));
     dp.tick().expect("tick");
     for &(src, sport) in &flows {
