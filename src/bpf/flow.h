@@ -339,9 +339,10 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
  * no longer leads anywhere, never a confirmed flow's (else it stays half-open, counted
  * no_room); a packet of the flow a refresh interval later confirms it. So spoofed packets,
  * which lb cannot tell from real ones (it never sees the backend's answers), can only displace
- * flows younger than about a second. A stale entry (its backend gone, down, the flow idle too
- * long or reset) is remade from the table by any packet, and so is an entry whose flow is
- * confirmed or reset when a pure SYN comes: a new connection on the same ports. With ct_guard
+ * unconfirmed flows, the youngest first (evict_rank()). A stale entry (its backend gone, down,
+ * the flow idle too long or past its reset life) is remade from the table by any packet, and so
+ * is an entry silent for ct_syn_idle() when a pure SYN comes: a new connection on the same
+ * ports; on an active entry a SYN follows it. With ct_guard
  * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
  * is the flow's keyed tag (flow_tag16/flow_tag40). */
 static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
