@@ -204,7 +204,8 @@ fn entries(dp: &Balancer) -> Vec<(u64, u16, u16)> {
 fn pair_flood(udp_flows: bool, pairs: u32) -> (usize, Balancer) {
     // 4 slots: one bucket, which every flow's two choices name.
     let (mut dp, a) = setup_pool(A, 4, true);
-    dp.set_conntrack_timeouts(Duration::from_secs(2), Duration::from_secs(2)).expect("timeouts");
+    // Long timeouts: nothing here may expire, however long a loaded machine stalls.
+    dp.set_conntrack_timeouts(Duration::from_secs(60), Duration::from_secs(60)).expect("timeouts");
     let b = pool(&A.replace(A_LIST, B_LIST));
     let (ta, tb) = (Tables::of(&a), Tables::of(&b));
     let service = if udp_flows { "dns" } else { "web" };
@@ -215,8 +216,8 @@ fn pair_flood(udp_flows: bool, pairs: u32) -> (usize, Balancer) {
         send(&dp, src, sport, ACK);
     }
     assert_eq!(dp.flow_count().expect("count"), 4);
-    // Refresh interval: a quarter of the 2 s timeout.
-    std::thread::sleep(Duration::from_millis(600));
+    // The refresh interval (64 ticks of 16.8 ms).
+    std::thread::sleep(Duration::from_millis(1200));
     for &(src, sport) in &flows {
         send(&dp, src, sport, ACK);
     }
@@ -261,6 +262,103 @@ fn root_an_unconfirmed_or_expired_entry_makes_room_for_a_promotion() {
     tcp(&dp, v4("192.0.2.1"), 3000, ACK);
     assert_eq!(ct(&dp, types::lb_stat::LB_CT_EVICTED) - before, 1, "an unconfirmed entry gave way");
     assert_eq!(ct(&dp, types::lb_stat::LB_CT_NO_ROOM), 0);
+}
+
+/// Runs an XDP program by fd `repeat` times on `frame` in one BPF_PROG_TEST_RUN, on the calling
+/// thread's CPU, with no syscall between the runs: the last run's action.
+fn run_fd(fd: i32, frame: &[u8], repeat: u32) -> u32 {
+    use libbpf_rs::libbpf_sys as sys;
+    let mut opts = sys::bpf_test_run_opts {
+        sz: std::mem::size_of::<sys::bpf_test_run_opts>() as _,
+        data_in: frame.as_ptr().cast(),
+        data_size_in: frame.len() as u32,
+        repeat: repeat as _,
+        ..Default::default()
+    };
+    // SAFETY: the input buffer outlives the call and its size is as given (no output buffer);
+    // fd is a loaded program that the caller keeps open.
+    let rc = unsafe { sys::bpf_prog_test_run_opts(fd, &mut opts) };
+    assert_eq!(rc, 0, "BPF_PROG_TEST_RUN");
+    opts.retval
+}
+
+/// Two CPUs this process may run on (its affinity set, as a CI runner or taskset leaves it).
+fn two_cpus() -> Option<[usize; 2]> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
+    let mut cpus = (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false));
+    Some([cpus.next()?, cpus.next()?])
+}
+
+#[test]
+fn root_two_cpus_writing_one_bucket_never_tear_an_entry() {
+    use std::os::fd::AsRawFd;
+    let Some(cpus) = two_cpus() else {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    };
+    // One bucket of four slots and the guard off. Each CPU drives three flows of its own,
+    // all of which the table gives to one backend (the first CPU's to .11, the second's to
+    // .12): six flows for four slots, so a flow's SYN often finds its entry gone and writes a
+    // slot in place of another flow's, while the other packets (ACKs, and SYNs that find
+    // their entry) follow whatever entry holds their tag. A packet counted to the other CPU's
+    // backend followed an entry with one flow's tag and another's backend: a torn write. This
+    // is probabilistic (the two writes must overlap within a few instructions); the
+    // deterministic proof that a claimed slot is neither read nor taken is the busy-slot test
+    // below.
+    let (mut dp, a) = setup_pool(A, 4, false);
+    // BPF_PROG_TEST_RUN's repeats run on one buffer, which the first run rewrites: with every
+    // backend at lb's own MAC the rewritten frame is still addressed to lb, not another host.
+    for b in 11..=13u8 {
+        dp.set_mac(IpAddr::V4(Ipv4Addr::new(10, 99, 0, b)), Some(IFMAC)).expect("mac");
+    }
+    let t = Tables::of(&a);
+    let flows_to = |backend: &str, base: u32| -> Vec<(Ipv4Addr, u16)> {
+        (0..10_000u32)
+            .map(|i| (Ipv4Addr::from(base + i), 7000u16))
+            .filter(|&(src, sport)| t.says("web", src.into(), sport) == ip(backend))
+            .take(3)
+            .collect()
+    };
+    let sets = [flows_to("10.99.0.11", 0x0a01_0000), flows_to("10.99.0.12", 0x0a02_0000)];
+    let fd = dp.program_fd().as_raw_fd();
+    let rounds: u32 = std::env::var("LB_RACE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    const REPEAT: u32 = 2;
+    let start = Arc::new(Barrier::new(2));
+    let workers: Vec<_> = sets
+        .iter()
+        .zip(cpus)
+        .map(|(flows, cpu)| {
+            // Per flow: a SYN, then two ACKs.
+            let frames: Vec<Vec<u8>> = flows
+                .iter()
+                .flat_map(|&(src, sport)| [SYN, ACK, ACK].map(|flags| ipv4_simple(src, v4("10.99.0.100"), L4::Tcp { sport, dport: 80, flags })))
+                .collect();
+            let start = start.clone();
+            std::thread::spawn(move || {
+                let mut set = nix::sched::CpuSet::new();
+                set.set(cpu).expect("cpu");
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("affinity");
+                start.wait();
+                let mut sent = 0u64;
+                for r in 0..rounds {
+                    assert_eq!(run_fd(fd, &frames[r as usize % frames.len()], REPEAT), XDP_TX);
+                    sent += REPEAT as u64;
+                }
+                sent
+            })
+        })
+        .collect();
+    let sent: Vec<u64> = workers.into_iter().map(|w| w.join().expect("worker")).collect();
+    let snap = dp.snapshot().expect("snapshot");
+    let web = snap.services.iter().find(|s| s.name == "web").expect("web");
+    let got = |addr: &str| web.backends.iter().find(|b| b.address == ip(addr)).map_or(0, |b| b.traffic.packets);
+    assert_eq!(
+        (got("10.99.0.11"), got("10.99.0.12"), got("10.99.0.13")),
+        (sent[0], sent[1], 0),
+        "packets per backend: a flow's packet followed an entry holding its tag and another flow's backend"
+    );
+    assert!(ct(&dp, types::lb_stat::LB_CT_EVICTED) > 10_000, "the two CPUs replaced each other's entries over and over");
+    assert!(ct(&dp, types::lb_stat::LB_CT_HIT) > 100_000, "and followed them");
 }
 
 #[test]
@@ -354,29 +452,90 @@ fn root_a_reset_shortens_an_entry_and_a_later_packet_restores_it() {
 }
 
 #[test]
-fn root_a_new_syn_on_a_confirmed_entry_picks_afresh_so_drain_finishes() {
+fn root_a_spoofed_syn_does_not_move_a_live_connection() {
+    // Long timeouts: nothing expires here, however long a loaded machine stalls.
     let (mut dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
-    dp.set_conntrack_timeouts(Duration::from_secs(2), Duration::from_secs(2)).expect("timeouts");
+    dp.set_conntrack_timeouts(Duration::from_secs(60), Duration::from_secs(60)).expect("timeouts");
     let drained = pool(&A.replacen(A_LIST, "[10.99.0.11, {address: 10.99.0.12, state: drain}, 10.99.0.13]", 1));
     let (ta, td) = (Tables::of(&a), Tables::of(&drained));
     let flows = moving(&ta, &td, "web", 0xc000_0200, 20);
     for &(src, sport) in &flows {
         assert_eq!(tcp(&dp, src, sport, SYN), ip("10.99.0.12"));
         tcp(&dp, src, sport, ACK);
-        // A SYN sent again during the handshake still follows the entry.
+        // A SYN sent again during the handshake follows the entry.
         assert_eq!(tcp(&dp, src, sport, SYN), ip("10.99.0.12"));
     }
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(1200));
     for &(src, sport) in &flows {
         tcp(&dp, src, sport, ACK); // confirms
     }
     dp.apply(&drained).expect("apply");
     for &(src, sport) in &flows {
+        // A blind SYN on the live connection's ports: the backend answers it with a challenge
+        // ACK; the connection stays where it is.
+        assert_eq!(tcp(&dp, src, sport, SYN), ip("10.99.0.12"), "a spoofed SYN moved the live connection {src}:{sport}");
         assert_eq!(tcp(&dp, src, sport, ACK), ip("10.99.0.12"), "the draining backend keeps the connection");
-        // The client reuses the ports for a new connection.
+    }
+    // An RST (the client's, or spoofed) leaves the entry a few seconds; once they are over,
+    // a SYN is a new connection and leaves the draining backend.
+    let (reset, _) = flows.split_at(10);
+    for &(src, sport) in reset {
+        tcp(&dp, src, sport, RST);
+        assert_eq!(tcp(&dp, src, sport, SYN), ip("10.99.0.12"), "within the reset's life a SYN still follows");
+    }
+    std::thread::sleep(Duration::from_millis(4400));
+    for &(src, sport) in reset {
+        let fresh = tcp(&dp, src, sport, SYN);
+        assert_eq!(fresh, td.says("web", src.into(), sport), "a new connection on {src}:{sport} after the RST leaves the draining backend");
+        assert_eq!(tcp(&dp, src, sport, ACK), fresh, "and is tracked where it went");
+    }
+}
+
+#[test]
+fn root_a_syn_on_an_idle_entry_picks_afresh_so_drain_finishes() {
+    // An 8 s timeout: a SYN on an entry silent for half of it (4 s) is a new connection. A
+    // stall only makes the entry more idle (or expired): either way the SYN picks afresh.
+    let (mut dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
+    dp.set_conntrack_timeouts(Duration::from_secs(8), Duration::from_secs(8)).expect("timeouts");
+    let drained = pool(&A.replacen(A_LIST, "[10.99.0.11, {address: 10.99.0.12, state: drain}, 10.99.0.13]", 1));
+    let (ta, td) = (Tables::of(&a), Tables::of(&drained));
+    let flows = moving(&ta, &td, "web", 0xc000_0200, 20);
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&dp, src, sport, SYN), ip("10.99.0.12"));
+        tcp(&dp, src, sport, ACK);
+    }
+    dp.apply(&drained).expect("apply");
+    std::thread::sleep(Duration::from_millis(4300));
+    for &(src, sport) in &flows {
         let fresh = tcp(&dp, src, sport, SYN);
         assert_eq!(fresh, td.says("web", src.into(), sport), "a new connection on {src}:{sport} leaves the draining backend");
         assert_eq!(tcp(&dp, src, sport, ACK), fresh, "and is tracked where it went");
+    }
+}
+
+#[test]
+fn root_a_pair_flood_evicts_its_own_young_entries_before_a_quiet_real_flow() {
+    // One bucket: a real connection that showed its handshake and a request within a second,
+    // then went quiet (unconfirmed), and three more; then a pair flood. The flood's own
+    // entries, seen last, give way to its next pairs; the quiet flows are never taken.
+    let (mut dp, a) = setup_pool(A, 4, true);
+    dp.set_conntrack_timeouts(Duration::from_secs(60), Duration::from_secs(60)).expect("timeouts");
+    let b = pool(&A.replace(A_LIST, B_LIST));
+    let (ta, tb) = (Tables::of(&a), Tables::of(&b));
+    let quiet = moving(&ta, &tb, "web", 0xc000_0200, 3);
+    for &(src, sport) in &quiet {
+        tcp(&dp, src, sport, SYN);
+        tcp(&dp, src, sport, ACK);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 0..2000u32 {
+        let (src, sport) = (Ipv4Addr::from(0x0b00_0000 + i), 1024 + (i % 50_000) as u16);
+        tcp(&dp, src, sport, SYN);
+        tcp(&dp, src, sport, ACK);
+    }
+    dp.apply(&b).expect("apply");
+    for &(src, sport) in &quiet {
+        assert_eq!(tcp(&dp, src, sport, ACK), ta.says("web", src.into(), sport), "the quiet flow {src}:{sport} lost its entry to the flood");
     }
 }
 

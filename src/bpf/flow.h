@@ -81,6 +81,13 @@ static __always_inline __u64 flow_tag40(const __u64 *l)
  * checked here). */
 #define LB_CT_RESET_TICKS 240
 
+static __always_inline __u32 ct_refresh_every(__u32 timeout)
+{
+	__u32 every = timeout / 4;
+
+	return every == 0 || every > LB_CT_REFRESH_TICKS ? LB_CT_REFRESH_TICKS : every;
+}
+
 static __always_inline __u32 ct_now(void)
 {
 	return bpf_ktime_get_coarse_ns() >> LB_CT_TICK_SHIFT;
@@ -188,38 +195,70 @@ static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u3
 	return timeout == 0 || now - f->seen < timeout;
 }
 
-/* Whether a promotion may take this slot of `flows`: free, or a flow that is not confirmed, or
- * one that no longer leads anywhere (expired, reset, its backend gone). A slot being written is
- * another CPU's. */
-static __always_inline int evictable(__u64 tag, __u64 w, __u32 now)
-{
-	struct flow_word f = flow_unpack(w);
+/* How long a tracked flow must have been silent before a pure SYN on its 5-tuple is taken for
+ * a new connection and picks afresh (about 30 s, or half the flow's timeout if that is
+ * shorter): a client reuses a 5-tuple only once its old connection has ended, and a real
+ * connection is rarely silent that long; while the flow is active a SYN follows the entry (the
+ * backend answers an in-window SYN with a challenge ACK), so a blind spoofed SYN cannot move
+ * it. */
+#define LB_CT_SYN_IDLE_TICKS 1788
 
-	if (tag == 0)
-		return 1;
-	if (tag == LB_FLOW_BUSY)
-		return 0;
-	if (!(f.flags & LB_FLOW_CONFIRMED))
-		return 1;
-	return !usable(&f, ct_timeout_ticks(f.flags & LB_FLOW_UDP ? IPPROTO_UDP : IPPROTO_TCP), now);
+static __always_inline __u32 ct_syn_idle(__u32 timeout)
+{
+	return timeout != 0 && timeout / 2 < LB_CT_SYN_IDLE_TICKS ? timeout / 2 : LB_CT_SYN_IDLE_TICKS;
 }
 
-/* Writes a flow into `map`: into `have` (the slot that already has its tag), else a free slot
- * of its buckets, else the slot seen longest ago among those it may take (with `guarded`, only
- * evictable() ones; without, any). Every claim is a compare-and-swap of the tag from the value
- * seen to LB_FLOW_BUSY, so two CPUs never write one slot at once: the one that loses leaves the
- * flow unrecorded. Returns 1 when that forgot another flow, 0 when written, -1 when not. */
+/* Which slot a promotion (`guarded`) or a first packet (not) takes, as a rank: the smallest
+ * wins; ~0: none. Free first; then an entry that no longer leads anywhere (expired, reset past
+ * its life, its backend gone), the one seen longest ago; then an unconfirmed one, the one seen
+ * LAST (a flood's own young entries go before a real flow that showed its handshake and has
+ * been quiet since), never a confirmed one that still leads somewhere. Without the guard
+ * (`guarded` 0: a flow's first packet in `flows`, or a record in `flow_pending`), any, the one
+ * seen longest ago. A slot being written is another CPU's. */
+static __always_inline __u64 evict_rank(__u64 tag, __u64 w, int guarded, __u32 now)
+{
+	struct flow_word f = flow_unpack(w);
+	__u64 age = (__u32)(now - f.seen);
+	__u32 timeout;
+
+	if (tag == 0)
+		return 0;
+	if (tag == LB_FLOW_BUSY)
+		return ~0ull;
+	if (!guarded)
+		return (2ull << 33) | (0xffffffffull - age);
+	timeout = ct_timeout_ticks(f.flags & LB_FLOW_UDP ? IPPROTO_UDP : IPPROTO_TCP);
+	/* An unconfirmed entry is judged by its age alone (whether its backend still lives is
+	 * looked up only for a confirmed one: fewer paths for the verifier). */
+	if (!(f.flags & LB_FLOW_CONFIRMED)) {
+		if ((f.flags & LB_FLOW_RESET) && (timeout == 0 || timeout > LB_CT_RESET_TICKS))
+			timeout = LB_CT_RESET_TICKS;
+		return timeout != 0 && age >= timeout ? (1ull << 33) | (0xffffffffull - age) : (2ull << 33) | age;
+	}
+	return usable(&f, timeout, now) ? ~0ull : (1ull << 33) | (0xffffffffull - age);
+}
+
+/* Writes a flow into `map`: into `have` (the slot that already has its tag), else the slot of
+ * its buckets evict_rank() ranks first. Every claim is a compare-and-swap of the tag from the
+ * value judged to LB_FLOW_BUSY, so two CPUs never write one slot at once: the one that loses
+ * leaves the flow unrecorded. After the claim the word is written by a compare-and-swap from
+ * the word judged (a packet may have confirmed the flow between the judgement and the claim);
+ * if that fails, the slot gets its tag back untouched. Returns 1 when
+ * that forgot another flow, 0 when written, -1 when not. */
 static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 tag, struct lb_flow *have, __u64 word, int guarded, __u32 now)
 {
 	struct lb_flow *victim = have;
-	__u64 old, oldest = ~0ull;
+	__u64 old = tag, best = ~0ull, w = 0;
+	__u32 slot = 0;
 
 	if (!victim) {
+		/* The slot's number, not its pointer, is kept through the loop: scalars let the
+		 * verifier prune its paths. */
 #pragma unroll
 		for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
 			__u32 k = flow_slot(tag, mask, i);
 			struct lb_flow *e;
-			__u64 t, w, age;
+			__u64 t, r, cur;
 
 			if (i >= choices * LB_FLOW_WAYS)
 				break;
@@ -227,30 +266,33 @@ static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 
 			if (!e)
 				continue;
 			t = *(volatile __u64 *)&e->tag;
-			if (t == 0) {
-				victim = e;
-				break;
-			}
-			if (t == LB_FLOW_BUSY)
-				continue;
-			w = *(volatile __u64 *)flow_word_of(e);
-			if (guarded && !evictable(t, w, now))
-				continue;
-			/* Seen longest ago: the largest age on the wrapping clock (kept as its
-			 * complement, so that the smallest wins and ~0 means none yet). */
-			age = 0xffffffffull - (__u32)(now - (__u32)(w >> 32));
-			if (age < oldest) {
-				oldest = age;
-				victim = e;
+			cur = *(volatile __u64 *)flow_word_of(e);
+			r = evict_rank(t, cur, guarded, now);
+			if (r < best) {
+				best = r;
+				slot = k;
+				old = t;
+				w = cur;
+				if (r == 0)
+					break;
 			}
 		}
+		if (best == ~0ull)
+			return -1;
+		victim = bpf_map_lookup_elem(map, &slot);
 		if (!victim)
 			return -1;
 	}
-	old = *(volatile __u64 *)&victim->tag;
-	if (old == LB_FLOW_BUSY || (have && old != tag) || __sync_val_compare_and_swap(&victim->tag, old, LB_FLOW_BUSY) != old)
+	if (old == LB_FLOW_BUSY || __sync_val_compare_and_swap(&victim->tag, old, LB_FLOW_BUSY) != old)
 		return -1;
-	*(volatile __u64 *)flow_word_of(victim) = word;
+	if (have)
+		w = *(volatile __u64 *)flow_word_of(victim);
+	/* From the word judged: if it changed meanwhile (a packet confirmed or refreshed the
+	 * flow), the judgement no longer holds, and the slot is left as it is. */
+	if (__sync_val_compare_and_swap(flow_word_of(victim), w, word) != w) {
+		__sync_lock_test_and_set(&victim->tag, old);
+		return -1;
+	}
 	/* An exchange rather than a plain store: a full barrier, so no CPU sees the tag before
 	 * the word. */
 	__sync_lock_test_and_set(&victim->tag, tag);
@@ -265,28 +307,28 @@ static __always_inline void flow_end(struct lb_flow *e, __u64 tag)
 }
 
 /* A hit's bookkeeping, one compare-and-swap of the word when anything changes (lost to a
- * writer that replaced the slot meanwhile, which is harmless): an RST leaves the entry
- * LB_CT_RESET_TICKS to live; any other packet clears a reset, rewrites `seen` once it is older
- * than the refresh interval, and then confirms the entry unless it is a SYN (a retransmitted
- * SYN proves nothing; a packet a refresh interval after the entry was made shows a flow that
- * goes on). */
-static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int syn, int rst)
+ * writer that replaced the slot meanwhile, which is harmless). Never for a pure SYN, which
+ * proves nothing (a retransmitted or spoofed SYN): it neither refreshes nor confirms. An RST
+ * leaves the entry LB_CT_RESET_TICKS to live, counted from the first RST (more RSTs do not
+ * extend it, so an RST spray cannot keep a flow looking alive). Any other packet rewrites
+ * `seen` once it is older than the refresh interval, and confirms the entry then; it also
+ * clears a reset, and confirms the entry then too: a packet of the flow after an RST shows a
+ * flow that goes on, so spoofed RSTs between a flow's real packets cannot keep it from being
+ * confirmed. */
+static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int rst)
 {
-	__u32 every = timeout / 4;
+	__u32 every = ct_refresh_every(timeout);
 
-	if (every == 0 || every > LB_CT_REFRESH_TICKS)
-		every = LB_CT_REFRESH_TICKS;
 	if (rst) {
+		if (f.flags & LB_FLOW_RESET)
+			return;
 		f.flags |= LB_FLOW_RESET;
-		f.seen = now;
 	} else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= every) {
-		if (!(f.flags & LB_FLOW_RESET) && !syn)
-			f.flags |= LB_FLOW_CONFIRMED;
-		f.flags &= ~LB_FLOW_RESET;
-		f.seen = now;
+		f.flags = (f.flags & ~LB_FLOW_RESET) | LB_FLOW_CONFIRMED;
 	} else {
 		return;
 	}
+	f.seen = now;
 	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
 }
 
@@ -297,9 +339,10 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
  * no longer leads anywhere, never a confirmed flow's (else it stays half-open, counted
  * no_room); a packet of the flow a refresh interval later confirms it. So spoofed packets,
  * which lb cannot tell from real ones (it never sees the backend's answers), can only displace
- * flows younger than about a second. A stale entry (its backend gone, down, the flow idle too
- * long or reset) is remade from the table by any packet, and so is an entry whose flow is
- * confirmed or reset when a pure SYN comes: a new connection on the same ports. With ct_guard
+ * unconfirmed flows, the youngest first (evict_rank()). A stale entry (its backend gone, down,
+ * the flow idle too long or past its reset life) is remade from the table by any packet, and so
+ * is an entry silent for ct_syn_idle() when a pure SYN comes: a new connection on the same
+ * ports; on an active entry a SYN follows it. With ct_guard
  * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
  * is the flow's keyed tag (flow_tag16/flow_tag40). */
 static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
@@ -320,10 +363,12 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 	if (e) {
 		int ok = usable(&f, timeout, now);
 
-		/* A pure SYN follows an entry only while it may be the handshake's own (sent
-		 * again): not once the flow was confirmed or reset. */
-		if (ok && !(syn && (f.flags & (LB_FLOW_CONFIRMED | LB_FLOW_RESET)))) {
-			refresh(e, f, w, timeout, now, syn, rst);
+		/* A pure SYN follows a live entry (a retransmitted SYN; a spoofed one, which the
+		 * backend answers with a challenge ACK) unless the flow has been silent long
+		 * enough to have ended: then it is a new connection on the same ports. */
+		if (ok && !(syn && !(f.flags & LB_FLOW_RESET) && now - f.seen >= ct_syn_idle(timeout))) {
+			if (!syn)
+				refresh(e, f, w, timeout, now, rst);
 			count(LB_CT_HIT, 0);
 			return send(p, svc, f.backend);
 		}
@@ -373,12 +418,24 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 					count(LB_CT_NEW, 0);
 					flow_end(pe, tag);
 				} else {
+					/* Followed through its half-open record, which is kept
+					 * fresh as a tracked flow's entry is (and cleared of a reset):
+					 * else it would run out a timeout after the flow's first
+					 * packet, and the flow be re-picked in mid-stream. */
 					count(LB_CT_NO_ROOM, 0);
 					if (stale)
 						flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+					else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout))
+						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
 				}
-			} else {
-				flow_end(pe, tag);
+			} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
+				/* An RST shortens a half-open record's life as it does an entry's;
+				 * it may be spoofed. */
+				f.flags |= LB_FLOW_RESET;
+				f.seen = now;
+				__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
+			} else if (stale) {
+				flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
 			}
 			if (!stale)
 				count(LB_CT_HIT, 0);

@@ -111,7 +111,7 @@ enum lb_flow_table_layout {
 enum lb_flow_gen_bits {
 	LB_FLOW_GEN_MASK = 0x1fff,  /* the low 13 bits of the id's generation when the flow started */
 	LB_FLOW_UDP = 0x2000,       /* a UDP flow (its timeout is ct_udp_timeout_ms) */
-	LB_FLOW_RESET = 0x4000,     /* the client sent an RST: the entry lives LB_CT_RESET_MS at most
+	LB_FLOW_RESET = 0x4000,     /* the client sent an RST: the entry lives LB_CT_RESET_TICKS (flow.h) at most
 				     * unless a later packet of the flow without RST clears this */
 	LB_FLOW_CONFIRMED = 0x8000, /* a packet refreshed the entry at least a refresh interval
 				     * after it was made: promotions never take its slot */

@@ -295,7 +295,10 @@ impl Dataplane {
                         continue;
                     }
                     for (_, v) in old.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
-                        if v.len() >= 8 && v[..8] != [0; 8] {
+                        // Only a flow's tag (odd): not a free slot (0), nor one the old
+                        // program was writing (LB_FLOW_BUSY, 2), which copied would stay
+                        // claimed for ever.
+                        if v.len() >= 8 && v[0] & 1 == 1 {
                             put(convert_slot(&v))?;
                         }
                     }
