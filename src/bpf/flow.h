@@ -4,13 +4,13 @@
  * Here: a flow's keyed tag, time in ticks of the kernel's clock, a slot's packed word and state
  * bits, the two buckets a flow's tag may live in, lookup, claim-and-insert and end, whether an
  * entry still leads to a live backend and whether a promotion may take its slot, and the policy
- * on top (tracked(): which packets make, keep, confirm, promote, reset or remake an entry, with
+ * on top (ct_choose(): which packets make, keep, confirm, promote, reset or remake an entry, with
  * or without the ct_guard; route_icmp(): an ICMP error to its flow's backend). Its own header,
  * as conntrack is its own concern beside routing: route.h decides for a flow that has no usable
  * entry, this file decides whether it has one. The three maps are defined here because no other
  * part of the program touches them. Included by lb.bpf.c after maps.h (lb_settings, backends,
- * backend_gen, count()), parse.h (the TCP flags), hash.h (SipHash) and route.h (pick(),
- * send()). docs/data-plane.md ("Connection tracking against crafted packets") and
+ * backend_gen, count()), parse.h (the TCP flags), hash.h (SipHash) and route.h (pick_in(),
+ * pick()); it returns backend ids, and lb.bpf.c sends. docs/data-plane.md ("Connection tracking against crafted packets") and
  * docs/security.md say what each rule defends against. */
 #ifndef LB_FLOW_H
 #define LB_FLOW_H
@@ -332,8 +332,15 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
 	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
 }
 
-/* Connection tracking: a flow with a usable entry goes to its backend whatever the table says
- * now; otherwise the table decides. With ct_guard on, a flow's first packet (a TCP SYN without
+/* Connection tracking, for a flow with keyed tag `tag` and flow hash `hash` of a service whose
+ * destination table is `table` (its base in the high half, its size in the low one), `proto`
+ * and the TCP flags in `proto_flags`' low two bytes: the backend id the packet goes to, or 0
+ * (dropped, counted). A global function, so the verifier checks it once, on its own, with
+ * scalar arguments, rather than again on every parsing path that reaches it: inlined into the
+ * IPv4 and IPv6 paths it took the program past the verifier's million-instruction budget.
+ *
+ * A flow with a usable entry goes to its backend whatever the table says now; otherwise the
+ * table decides. With ct_guard on, a flow's first packet (a TCP SYN without
  * ACK, any UDP datagram) is recorded in flow_pending with the backend it went to; its next
  * packet makes it an entry of `flows`, taking a free slot or one whose flow is not confirmed or
  * no longer leads anywhere, never a confirmed flow's (else it stays half-open, counted
@@ -345,8 +352,9 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
  * ports; on an active entry a SYN follows it. With ct_guard
  * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
  * is the flow's keyed tag (flow_tag16/flow_tag40). */
-static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
+__noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags)
 {
+	__u8 proto = proto_flags, tcp_flags = proto_flags >> 8;
 	__u32 now = ct_now(), timeout = ct_timeout_ticks(proto);
 	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
 	int syn = proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
@@ -370,17 +378,17 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 			if (!syn)
 				refresh(e, f, w, timeout, now, rst);
 			count(LB_CT_HIT, 0);
-			return send(p, svc, f.backend);
+			return f.backend;
 		}
 		if (!ok)
 			count(LB_CT_STALE, 0);
-		id = pick(svc, p->hash);
+		id = pick_in(table >> 32, (__u32)table, hash);
 		if (id == 0)
-			return XDP_DROP;
+			return 0;
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
 		flow_put(&flows, mask, 2, tag, e, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
 		count(LB_CT_NEW, 0);
-		return send(p, svc, id);
+		return id;
 	}
 	count(LB_CT_MISS, 0);
 	if (lb_settings.ct_guard) {
@@ -393,9 +401,9 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 				/* Its first packet went to a backend that is gone or down (or long
 				 * ago): the table decides again. */
 				count(LB_CT_STALE, 0);
-				id = pick(svc, p->hash);
+				id = pick_in(table >> 32, (__u32)table, hash);
 				if (id == 0)
-					return XDP_DROP;
+					return 0;
 				gen = bpf_map_lookup_elem(&backend_gen, &id);
 				f.backend = id;
 				f.gen = gen ? *gen : 0;
@@ -406,7 +414,7 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
 				else
 					count(LB_CT_HIT, 0);
-				return send(p, svc, f.backend);
+				return f.backend;
 			}
 			/* The flow's next packet: established, with the backend its first went to,
 			 * if its buckets have room it may take. */
@@ -439,35 +447,41 @@ static __always_inline int tracked(struct pkt *p, const struct lb_service *svc, 
 			}
 			if (!stale)
 				count(LB_CT_HIT, 0);
-			return send(p, svc, f.backend);
+			return f.backend;
 		}
-		id = pick(svc, p->hash);
+		id = pick_in(table >> 32, (__u32)table, hash);
 		if (id == 0)
-			return XDP_DROP;
+			return 0;
 		if (first) {
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
 			flow_put(&flow_pending, pmask, 1, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
 			count(LB_CT_PENDING, 0);
 		}
-		return send(p, svc, id);
+		return id;
 	}
-	id = pick(svc, p->hash);
+	id = pick_in(table >> 32, (__u32)table, hash);
 	if (id == 0)
-		return XDP_DROP;
+		return 0;
 	if (first) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
 		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now) > 0)
 			count(LB_CT_EVICTED, 0);
 		count(LB_CT_NEW, 0);
 	}
-	return send(p, svc, id);
+	return id;
+}
+
+/* ct_choose() for a packet of `svc` whose flow hash is p->hash: the backend id, or 0. */
+static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
+{
+	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8);
 }
 
 /* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its
- * keyed tag as the client's own packets have it): to the backend that owns the flow, by the
+ * keyed tag as the client's own packets have it): the backend that owns the flow, by the
  * flow's entry (looked up, never made or refreshed) or else the same slot as the client's
- * packets. */
-static __always_inline int route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
+ * packets; 0 when dropped. */
+static __always_inline __u32 route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
 {
 	__u32 now = ct_now();
 	struct flow_word f;
@@ -484,10 +498,10 @@ static __always_inline int route_icmp(struct pkt *p, const struct lb_service *sv
 	if (id == 0)
 		id = pick(svc, p->hash);
 	if (id == 0)
-		return XDP_DROP;
+		return 0;
 	p->icmp = 1;
 	count(LB_ICMP_FORWARDED, 0);
-	return send(p, svc, id);
+	return id;
 }
 
 #endif /* LB_FLOW_H */

@@ -68,7 +68,7 @@ static __always_inline int handle_icmp4(struct cursor *c, struct pkt *p, __be32 
 	l[0] = (__u64)q->daddr | (__u64)q->saddr << 32;
 	l[1] = (__u64)cports | (__u64)q->protocol << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(q->daddr) : hash16(l[0], l[1]);
-	return route_icmp(p, svc, flow_tag16(l[0], l[1]), q->protocol);
+	return to_backend(p, svc, route_icmp(p, svc, flow_tag16(l[0], l[1]), q->protocol));
 }
 
 /* ICMPv6 destination unreachable or packet too big, likewise. */
@@ -105,7 +105,7 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	__builtin_memcpy(&l[2], dst, 16);
 	l[4] = (__u64)cports | (__u64)q->nexthdr << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
-	return route_icmp(p, svc, flow_tag40(l), q->nexthdr);
+	return to_backend(p, svc, route_icmp(p, svc, flow_tag40(l), q->nexthdr));
 }
 
 /* A datagram's fragment key: what every one of its fragments carries. */
@@ -151,7 +151,7 @@ static __always_inline int later_fragment(struct pkt *p, const struct lb_frag_ke
 		if (own) {
 			p->hash = f->hash;
 			count(LB_FRAG_FOLLOWED, 0);
-			return send(p, own, id);
+			return to_backend(p, own, id);
 		}
 	}
 	count(LB_FRAG_UNMATCHED, 0);
@@ -168,7 +168,6 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	struct iphdr *iph = take(c, sizeof(*iph));
 	const struct lb_service *svc;
 	__u32 hlen, tot, ports = 0, dst[4] = {};
-	struct lb_frag_key k;
 	__u8 tcp_flags = 0;
 	int later, first;
 	__u64 l[2] = {};
@@ -198,8 +197,8 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	dst[0] = iph->daddr;
 	/* A later fragment carries no ports. */
 	if (later) {
-		frag_key(&k, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
-		return later_fragment(p, &k, hash4(iph->saddr));
+		frag_key(p->fkey, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
+		return later_fragment(p, p->fkey, hash4(iph->saddr));
 	}
 	if (parse_ports(c, iph->protocol, &ports, &tcp_flags, tot - hlen) == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
@@ -212,8 +211,8 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
 	if (first) {
-		frag_key(&k, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
-		p->frag = &k;
+		frag_key(p->fkey, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
+		p->frag = p->fkey;
 		p->dport = ports >> 16;
 		p->l4proto = iph->protocol;
 	}
@@ -221,7 +220,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	l[1] = (__u64)ports | (__u64)iph->protocol << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : hash16(l[0], l[1]);
 	if (svc->flags & LB_SVC_CONNTRACK)
-		return tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags);
+		return to_backend(p, svc, tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags));
 	return forward(p, svc);
 }
 
@@ -236,7 +235,6 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	const struct lb_service *svc;
 	__u32 ports = 0, dst[4], left;
 	__u8 tcp_flags = 0, nh;
-	struct lb_frag_key k;
 	struct ipv6_ext x;
 	__u64 l[5];
 	enum l4 l4;
@@ -267,8 +265,8 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (x.frag == 2) {
 		if (x.fnh != IPPROTO_TCP && x.fnh != IPPROTO_UDP && !ipv6_ext(x.fnh))
 			return count(LB_STAT_PASSED, XDP_PASS);
-		frag_key(&k, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
-		return later_fragment(p, &k, hash16(l[0], l[1]));
+		frag_key(p->fkey, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
+		return later_fragment(p, p->fkey, hash16(l[0], l[1]));
 	}
 	if (ipv6_ext(nh)) {
 		if (!has_services(dst, LB_FAMILY_V6))
@@ -290,15 +288,15 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
 	if (x.frag == 1) {
-		frag_key(&k, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
-		p->frag = &k;
+		frag_key(p->fkey, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
+		p->frag = p->fkey;
 		p->dport = ports >> 16;
 		p->l4proto = nh;
 	}
 	l[4] = (__u64)ports | (__u64)nh << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
 	if (svc->flags & LB_SVC_CONNTRACK)
-		return tracked(p, svc, flow_tag40(l), nh, tcp_flags);
+		return to_backend(p, svc, tracked(p, svc, flow_tag40(l), nh, tcp_flags));
 	return forward(p, svc);
 }
 
@@ -318,8 +316,10 @@ SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
-	struct pkt p = { .ctx = ctx, .bytes = c.end - c.pos, .l2len = sizeof(struct ethhdr) };
+	struct lb_frag_key fkey;
+	struct pkt p = { .ctx = ctx, .bytes = c.end - c.pos, .l2len = sizeof(struct ethhdr), .fkey = &fkey };
 	__u16 proto;
+	int act;
 
 	p.eth = take(&c, sizeof(*p.eth));
 	if (!p.eth)
@@ -352,10 +352,14 @@ int lb_xdp(struct xdp_md *ctx)
 		}
 	}
 	if (proto == bpf_htons(ETH_P_IP))
-		return handle_ipv4(&c, &p);
-	if (proto == bpf_htons(ETH_P_IPV6))
-		return handle_ipv6(&c, &p);
-	return count(LB_STAT_PASSED, XDP_PASS);
+		act = handle_ipv4(&c, &p);
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		act = handle_ipv6(&c, &p);
+	else
+		return count(LB_STAT_PASSED, XDP_PASS);
+	if (act != LB_SEND)
+		return act;
+	return send(&p, p.svc, p.id);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -3,7 +3,8 @@
  * address, port and protocol name (vip_index, then routes or services), which slot of that
  * service's destination table its flow hash selects, which backend that slot holds, and sending
  * the frame there in the service's forwarding mode. Kept apart from the flow table (flow.h),
- * which only decides which backend a flow keeps and then hands it to send() here.
+ * which only decides which backend a flow keeps. Handlers return LB_SEND with their choice, and
+ * lb_xdp() calls send() once.
  * Included by lb.bpf.c after lb.h, parse.h, maps.h, encap.h and frag.h, whose names it uses. */
 #ifndef LB_ROUTE_H
 #define LB_ROUTE_H
@@ -61,17 +62,18 @@ static __always_inline int has_services(const __u32 a[4], __u8 family)
 	return find_route(a, key_tail(0, IPPROTO_TCP, family)) || find_route(a, key_tail(0, IPPROTO_UDP, family));
 }
 
-/* The backend id the route's table gives `hash`, or 0 with the drop already counted. */
-static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
+/* The backend id that the destination table at `base` (of `slots` slots) gives `hash`, or 0
+ * with the drop already counted. */
+static __always_inline __u32 pick_in(__u32 base, __u32 slots, __u32 hash)
 {
 	struct lb_slot_pair *pair;
 	__u32 slot, half, id;
 
-	if (svc->slots == 0) {
+	if (slots == 0) {
 		count(LB_DROP_NO_BACKEND, XDP_DROP);
 		return 0;
 	}
-	slot = svc->base + hash % svc->slots;
+	slot = base + hash % slots;
 	half = slot >> 1;
 	pair = bpf_map_lookup_elem(&table_slots, &half);
 	if (!pair) {
@@ -82,6 +84,12 @@ static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
 	if (id == 0)
 		count(LB_DROP_NO_BACKEND, XDP_DROP);
 	return id;
+}
+
+/* The backend id the route's table gives `hash`, or 0 with the drop already counted. */
+static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
+{
+	return pick_in(svc->base, svc->slots, hash);
 }
 
 /* Sends the packet to backend `id` in the service's forwarding mode. */
@@ -111,14 +119,26 @@ static __always_inline int send(struct pkt *p, const struct lb_service *svc, __u
 	return act;
 }
 
-/* The route of a packet has been found and hashed: pick the slot, the backend, and send. */
-static __always_inline int forward(struct pkt *p, const struct lb_service *svc)
-{
-	__u32 id = pick(svc, p->hash);
+/* Not an XDP action: what a handler returns once it has chosen a backend, which lb_xdp() then
+ * sends to. One place in the program sends (send() and the encapsulation and "too big" code
+ * below it are inlined once, not at every decision), which keeps the program small enough for
+ * the verifier to walk quickly. */
+#define LB_SEND 0x100
 
+/* The handler's decision: backend `id` of `svc` (0: dropped, the reason already counted). */
+static __always_inline int to_backend(struct pkt *p, const struct lb_service *svc, __u32 id)
+{
 	if (id == 0)
 		return XDP_DROP;
-	return send(p, svc, id);
+	p->svc = svc;
+	p->id = id;
+	return LB_SEND;
+}
+
+/* The route of a packet has been found and hashed: pick the slot and the backend. */
+static __always_inline int forward(struct pkt *p, const struct lb_service *svc)
+{
+	return to_backend(p, svc, pick(svc, p->hash));
 }
 
 #endif /* LB_ROUTE_H */
