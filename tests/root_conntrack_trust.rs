@@ -490,3 +490,78 @@ fn root_the_flow_key_survives_adoption_and_so_do_the_entries() {
         assert_eq!(tcp(&next, src, sport, ACK), ta.says("web", src.into(), sport), "{src}:{sport} is tracked by the new program");
     }
 }
+
+/// Issue 22, review E: a pinned data plane whose flow_key pin is gone (a version before keyed
+/// tags, or a pin removed by hand) is not reused for its flow tables: their tags were made
+/// under a key no later packet hashes with, so reused they would only hold slots. The new plane
+/// starts them empty, with a new key, and carries nothing over from them.
+#[test]
+fn root_flow_tables_made_under_a_lost_key_are_not_reused() {
+    let (dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
+    let fs = Bpffs::new();
+    dp.pin_maps(&fs.0, None).expect("pin");
+    let b = pool(&A.replace(A_LIST, B_LIST));
+    let (ta, tb) = (Tables::of(&a), Tables::of(&b));
+    let flows = moving(&ta, &tb, "web", 0xc000_0200, 10);
+    for &(src, sport) in &flows {
+        tcp(&dp, src, sport, SYN);
+        tcp(&dp, src, sport, ACK);
+    }
+    assert_eq!(dp.flow_table(false).expect("flows").len(), flows.len());
+    std::fs::remove_file(fs.0.join("flow_key")).expect("remove the key's pin");
+    let reuse = lb::dataplane::Reuse { dir: fs.0.clone(), same_layout: true, old_prog_id: dp.program_id().expect("id") };
+    let (next, fresh) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
+    for name in ["flow_key", "flows", "flow_pending"] {
+        assert!(fresh.contains(&name), "{name} is made fresh: {fresh:?}");
+    }
+    assert_ne!(next.flow_key().expect("key"), dp.flow_key().expect("key"));
+    assert!(next.flow_table(false).expect("flows").is_empty(), "no entry under the lost key");
+    let carried = next.carry_flows(&fs.0.join("flows"), dp.program_id().expect("id"), || Ok(())).expect("carry");
+    assert_eq!(carried, 0, "entries under another key are not carried");
+    assert!(next.flow_table(false).expect("flows").is_empty());
+}
+
+/// The carry of an upgrade copies a pinned flow table's entries into the new plane's, slot by
+/// slot with the program's own claim (it runs once more after the new program is live), and
+/// the carried flows keep their backends when the table changes.
+#[test]
+fn root_carried_flows_keep_their_backends() {
+    let (dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
+    let fs = Bpffs::new();
+    dp.pin_maps(&fs.0, None).expect("pin");
+    let b = pool(&A.replace(A_LIST, B_LIST));
+    let (ta, tb) = (Tables::of(&a), Tables::of(&b));
+    let flows = moving(&ta, &tb, "web", 0xc000_0200, 40);
+    for &(src, sport) in &flows {
+        tcp(&dp, src, sport, SYN);
+        tcp(&dp, src, sport, ACK);
+    }
+    // The old flow table stays pinned under another name; the new plane makes its own, as an
+    // upgrade to another layout does, and keeps the key.
+    // (A bpffs pin can be neither renamed nor named with a dot.)
+    let mut old = libbpf_rs::MapHandle::from_pinned_path(fs.0.join("flows")).expect("pinned flows");
+    old.pin(fs.0.join("flows_old")).expect("pin again");
+    std::fs::remove_file(fs.0.join("flows")).expect("unpin");
+    let reuse = lb::dataplane::Reuse { dir: fs.0.clone(), same_layout: true, old_prog_id: dp.program_id().expect("id") };
+    let (mut next, fresh) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
+    assert_eq!(fresh, vec!["flows"]);
+    assert!(next.flow_table(false).expect("flows").is_empty());
+    let mut switched = false;
+    let carried = next
+        .carry_flows(&fs.0.join("flows_old"), dp.program_id().expect("id"), || {
+            switched = true;
+            Ok(())
+        })
+        .expect("carry");
+    assert!(switched);
+    assert_eq!(carried, flows.len() as u64, "each flow carried once (the second pass finds them there)");
+    next.adopt(&a).expect("adopt");
+    for a in 11..=16u8 {
+        let addr = IpAddr::V4(Ipv4Addr::new(10, 99, 0, a));
+        next.set_mac(addr, Some(mac(addr))).expect("mac");
+    }
+    next.apply(&b).expect("apply");
+    for &(src, sport) in &flows {
+        assert_eq!(tcp(&next, src, sport, ACK), ta.says("web", src.into(), sport), "{src}:{sport} kept its backend");
+    }
+}

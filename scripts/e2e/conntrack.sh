@@ -69,6 +69,11 @@ conntrack_flood() { # MODE GUARD KIND
     else
         hold_open "$TOPO_CLIENTS4" 200 14 --patience 10
     fi
+    # What the guard promises is for confirmed flows: a flow's packets a second after its
+    # first (docs/security.md). The held connections send a round every 0.1 s or so; 1.5 s
+    # confirms every one before the flood (in their first second a pair flood may displace
+    # them, the youngest unconfirmed entries first).
+    sleep 1.5
     local drops_before
     drops_before=$(outside_drops)
     # The flood lasts until the new flows and the reweight are done, at least 8 s, and until a

@@ -11,6 +11,7 @@
 pub mod counters;
 pub mod decap;
 mod encode;
+mod mapped;
 pub mod link;
 pub mod live;
 pub mod netlink;
@@ -38,7 +39,7 @@ pub use live::{MapSource, PinnedMaps, Sizes};
 pub use reuse::{layout_hash, program_hash, Reuse, LAYOUT_HASH, PINNED_MAPS, PROGRAM_HASH};
 pub use skel::types;
 use skel::{LbSkel, LbSkelBuilder};
-use write::SlotsMapping;
+use mapped::SlotsMapping;
 
 /// The default size of the table_slots array: 4 Mi slots, 16 MiB (4 bytes a slot), room for 64 services at the
 /// default 65537 slots (or 2 at the largest size) with as much again free for tables that are

@@ -12,6 +12,7 @@ use libbpf_rs::{AsRawLibbpf, MapCore, MapFlags};
 
 use super::encode::{bytes_of, value_of, LB_META_MAGIC};
 use super::skel::{self, LbSkel};
+use super::mapped::FlowSlots;
 use super::{pin, prog_id, types, Dataplane, FLOW_WAYS};
 
 /// The maps a data plane pins, by file name. The table maps come first: they must all be reused
@@ -159,11 +160,11 @@ pub(super) fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<V
         let new = libbpf_rs::btf::Btf::from_bpf_object(obj)?.context("this build's BPF object has no BTF")?;
         Some((old, new))
     };
-    let mut fresh: Vec<&'static str> = Vec::new();
+    // Which pinned maps this build can use as they are, and their sizes.
+    let mut usable: Vec<(&'static str, u32)> = Vec::new();
     for (name, map) in open_maps(open) {
         let path = r.dir.join(name);
         if !path.exists() {
-            fresh.push(name);
             continue;
         }
         let pinned = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
@@ -186,13 +187,26 @@ pub(super) fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<V
             }
         };
         if same_shape && same_layout {
-            if sized {
-                map.set_max_entries(info.max_entries)?;
-            }
-            map.reuse_pinned_map(&path).with_context(|| format!("reusing the pinned map {}", path.display()))?;
-        } else {
-            fresh.push(name);
+            usable.push((name, info.max_entries));
         }
+    }
+    // The flow tables' tags are only worth keeping under the key they were made with: without
+    // that key (a version before keyed tags, or a lost pin) this plane makes a new one, and
+    // the old tables' entries could never be found again while they filled slots.
+    if !usable.iter().any(|(n, _)| *n == "flow_key") {
+        usable.retain(|(n, _)| *n != "flows" && *n != "flow_pending");
+    }
+    let mut fresh: Vec<&'static str> = Vec::new();
+    for (name, map) in open_maps(open) {
+        let Some(&(_, entries)) = usable.iter().find(|(n, _)| *n == name) else {
+            fresh.push(name);
+            continue;
+        };
+        let path = r.dir.join(name);
+        if name == "table_slots" || name == "flows" || name == "flow_pending" {
+            map.set_max_entries(entries)?;
+        }
+        map.reuse_pinned_map(&path).with_context(|| format!("reusing the pinned map {}", path.display()))?;
     }
     let tables: Vec<&str> = fresh.iter().copied().filter(|n| PINNED_MAPS[..TABLE_MAPS].contains(n)).collect();
     if !tables.is_empty() {
@@ -276,18 +290,27 @@ impl Dataplane {
             tables.push((old, &self.skel.maps.flow_pending, 1));
         }
         let key = self.flow_key()?;
-        // A set-associative table of a version before keyed tags holds unkeyed hashes, which
-        // no packet's tag will ever equal again: copying them would only fill slots.
-        let keyed = path.with_file_name("flow_key").exists();
+        // A set-associative table's tags are worth copying only under this plane's key: a
+        // version before keyed tags held unkeyed hashes, and a plane whose key was lost holds
+        // tags under another; no packet's tag will ever equal those again, and copied they
+        // would only fill slots.
+        let keyed = pinned_flow_key(&path.with_file_name("flow_key")) == Some(key);
+        // The new tables through memory mappings: after the switch the new program writes
+        // them too, so every slot is claimed as the program claims it.
+        let mut mapped = Vec::new();
+        for (old, new, choices) in &tables {
+            let info = new.info()?.info;
+            mapped.push((old, new, *choices, FlowSlots::new(*new, info.max_entries, info.value_size)?));
+        }
         let copy = || -> Result<u64> {
             let mut copied = 0;
-            for (old, new, choices) in &tables {
+            for (old, new, choices, slots) in &mapped {
                 let info = old.info()?.info;
                 let new_info = new.info()?.info;
                 let convert_slot =
                     |v: &[u8]| convert(v, &old_btf, info.btf_value_type_id, &new_btf, new_info.btf_value_type_id, new_info.value_size as usize);
                 let mut put = |slot: Vec<u8>| -> Result<()> {
-                    copied += put_flow(*new, new_info.max_entries / FLOW_WAYS, *choices, &slot)? as u64;
+                    copied += put_flow(slots, *choices, &slot)? as u64;
                     Ok(())
                 };
                 if info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY {
@@ -352,24 +375,30 @@ impl Dataplane {
 }
 
 /// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into a free slot of the buckets its
-/// tag names (two for the flow table, one for the half-open table); false when the flow is there
-/// already or the buckets are full.
-fn put_flow(map: &dyn MapCore, buckets: u32, choices: usize, slot: &[u8]) -> Result<bool> {
+/// tag names (two for the flow table, one for the half-open table), claimed as the program
+/// claims slots; false when the flow is there already or the buckets have no free slot.
+fn put_flow(slots: &FlowSlots, choices: usize, slot: &[u8]) -> Result<bool> {
     let tag = u64::from_ne_bytes(slot[..8].try_into()?);
+    let buckets = slots.len() / FLOW_WAYS;
     let first = crate::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
     let second = crate::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
     for i in [first..first + FLOW_WAYS, second..second + FLOW_WAYS].into_iter().take(choices).flatten() {
-        let cur = map.lookup(&i.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-        let cur_tag = cur.get(..8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
-        if cur_tag == tag {
+        let cur = slots.tag(i);
+        if cur == tag {
             return Ok(false);
         }
-        if cur_tag == 0 {
-            map.update(&i.to_ne_bytes(), slot, MapFlags::ANY)?;
+        if cur == 0 && slots.put_if(i, 0, slot)? {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// The flow-tag key held by the pinned `flow_key` map at `path`, if there is one.
+fn pinned_flow_key(path: &std::path::Path) -> Option<[u64; 2]> {
+    let map = libbpf_rs::MapHandle::from_pinned_path(path).ok()?;
+    let v = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
+    (v.len() >= 16).then(|| value_of::<types::lb_flow_key>(&v).k)
 }
 
 /// A slot for an entry of the flow table's earlier form (an LRU hash: key struct lb_flow_key

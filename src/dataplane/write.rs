@@ -4,9 +4,8 @@
 //! so that no packet meets a half-written change.
 
 use std::net::IpAddr;
-use std::os::fd::AsFd;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use libbpf_rs::{MapCore, MapFlags};
 
 use crate::plan;
@@ -103,71 +102,5 @@ impl Dataplane {
     /// Entry `i` of the table array (0 past its end), read through the mapping.
     pub fn slot(&self, i: u32) -> u32 {
         self.slots.read(i)
-    }
-}
-
-/// The table_slots array mapped into this process (the map is BPF_F_MMAPABLE). Its elements are
-/// pairs of slots, laid out back to back, so the mapping is one array of 4-byte slots: writing
-/// a slot is one aligned 4-byte store, which the program reads whole, old or new.
-pub(super) struct SlotsMapping {
-    base: std::ptr::NonNull<std::ffi::c_void>,
-    len: usize,
-    entries: u32,
-}
-
-impl SlotsMapping {
-    pub(super) fn new(map: &impl AsFd, entries: u32) -> Result<SlotsMapping> {
-        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as usize;
-        let len = (entries.div_ceil(2) as usize * std::mem::size_of::<types::lb_slot_pair>()).div_ceil(page) * page;
-        let size = std::num::NonZeroUsize::new(len).context("an empty table array")?;
-        // SAFETY: a fresh shared mapping of the map's descriptor, at an address the kernel
-        // picks; nothing else in this process aliases it, and it is unmapped only in Drop.
-        let base = unsafe {
-            nix::sys::mman::mmap(
-                None,
-                size,
-                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
-                nix::sys::mman::MapFlags::MAP_SHARED,
-                map.as_fd(),
-                0,
-            )
-        }
-        .context("mapping the table array into memory")?;
-        Ok(SlotsMapping { base, len, entries })
-    }
-
-    /// Entry `i` of the table array (0 past its end).
-    fn read(&self, i: u32) -> u32 {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        if i >= self.entries {
-            return 0;
-        }
-        // SAFETY: i < entries, so the aligned 4-byte word is inside the live mapping; the
-        // program only loads it, user space stores it atomically.
-        let slot = unsafe { AtomicU32::from_ptr((self.base.as_ptr() as *mut u32).add(i as usize)) };
-        slot.load(Ordering::Relaxed)
-    }
-
-    fn write(&self, entries: &[(u32, u32)]) -> Result<()> {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        for &(i, id) in entries {
-            anyhow::ensure!(i < self.entries, "table entry {i} is outside the array of {}", self.entries);
-            // SAFETY: i < entries, so the 4-byte, 4-aligned word is inside the live mapping
-            // (page-aligned base); the kernel's readers only load it, so an atomic store is the
-            // right way to share it.
-            let slot = unsafe { AtomicU32::from_ptr((self.base.as_ptr() as *mut u32).add(i as usize)) };
-            slot.store(id, Ordering::Relaxed);
-        }
-        // Everything written here is visible before whatever map write comes next makes it
-        // reachable.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        Ok(())
-    }
-}
-
-impl Drop for SlotsMapping {
-    fn drop(&mut self) {
-        // SAFETY: base and len are exactly what mmap returned and nothing uses them after this.
-        let _ = unsafe { nix::sys::mman::munmap(self.base, self.len) };
     }
 }
