@@ -420,34 +420,43 @@ fn root_a_syn_on_an_idle_entry_picks_afresh_so_drain_finishes() {
 fn root_a_pair_flood_evicts_its_own_young_entries_before_a_quiet_real_flow() {
     // One bucket: a real connection that showed its handshake and a request within a second,
     // then went quiet (unconfirmed), and three more; then a pair flood. The flood's own
-    // entries, seen last, give way to its next pairs; the quiet flows are never taken.
-    let (mut dp, a) = setup_pool(A, 4, true);
-    dp.set_conntrack_timeouts(Duration::from_secs(60), Duration::from_secs(60)).expect("timeouts");
-    let b = pool(&A.replace(A_LIST, B_LIST));
-    let (ta, tb) = (Tables::of(&a), Tables::of(&b));
-    let quiet = moving(&ta, &tb, "web", 0xc000_0200, 3);
-    for &(src, sport) in &quiet {
-        tcp(&dp, src, sport, SYN);
-        tcp(&dp, src, sport, ACK);
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    for i in 0..2000u32 {
-        let (src, sport) = (Ipv4Addr::from(0x0b00_0000 + i), 1024 + (i % 50_000) as u16);
-        tcp(&dp, src, sport, SYN);
-        tcp(&dp, src, sport, ACK);
-    }
-    dp.apply(&b).expect("apply");
-    for &(src, sport) in &quiet {
-        assert_eq!(tcp(&dp, src, sport, ACK), ta.says("web", src.into(), sport), "the quiet flow {src}:{sport} lost its entry to the flood");
+    // entries, seen last, give way to its next pairs; the quiet flows are never taken. Also
+    // with an RST and another ACK after each pair, back to back: an RST must not let the next
+    // packet confirm an entry before its time (confirmed, the flood's entries would stay and
+    // take the quiet flows' slots).
+    for shape in [&[SYN, ACK][..], &[SYN, ACK, RST, ACK][..]] {
+        let (mut dp, a) = setup_pool(A, 4, true);
+        dp.set_conntrack_timeouts(Duration::from_secs(60), Duration::from_secs(60)).expect("timeouts");
+        let b = pool(&A.replace(A_LIST, B_LIST));
+        let (ta, tb) = (Tables::of(&a), Tables::of(&b));
+        let quiet = moving(&ta, &tb, "web", 0xc000_0200, 3);
+        for &(src, sport) in &quiet {
+            tcp(&dp, src, sport, SYN);
+            tcp(&dp, src, sport, ACK);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for i in 0..2000u32 {
+            let (src, sport) = (Ipv4Addr::from(0x0b00_0000 + i), 1024 + (i % 50_000) as u16);
+            for &flags in shape {
+                tcp(&dp, src, sport, flags);
+            }
+        }
+        dp.apply(&b).expect("apply");
+        for &(src, sport) in &quiet {
+            assert_eq!(tcp(&dp, src, sport, ACK), ta.says("web", src.into(), sport), "flood {shape:?}: the quiet flow {src}:{sport} lost its entry");
+        }
     }
 }
 
-/// A bpffs mounted on a fresh directory under /run; unmounted and removed when dropped.
+/// A bpffs mounted on a fresh directory under /run (one per test: they run in parallel);
+/// unmounted and removed when dropped.
 struct Bpffs(std::path::PathBuf);
 
 impl Bpffs {
     fn new() -> Bpffs {
-        let d = std::path::PathBuf::from(format!("/run/lb-flow-key-test-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::path::PathBuf::from(format!("/run/lb-flow-key-test-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&d).expect("mkdir");
         let fs = Bpffs(d);
         common::sh(&["mount", "-t", "bpf", "bpf", fs.0.to_str().expect("utf-8")]);
@@ -519,6 +528,15 @@ fn root_flow_tables_made_under_a_lost_key_are_not_reused() {
     let carried = next.carry_flows(&fs.0.join("flows"), dp.program_id().expect("id"), || Ok(())).expect("carry");
     assert_eq!(carried, 0, "entries under another key are not carried");
     assert!(next.flow_table(false).expect("flows").is_empty());
+
+    // A key pinned beside the table, but not this plane's own: nothing is carried either.
+    let fs2 = Bpffs::new();
+    dp.pin_maps(&fs2.0, None).expect("pin");
+    let (other, _) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, None).expect("load");
+    assert_ne!(other.flow_key().expect("key"), dp.flow_key().expect("key"));
+    let carried = other.carry_flows(&fs2.0.join("flows"), dp.program_id().expect("id"), || Ok(())).expect("carry");
+    assert_eq!(carried, 0, "entries under another plane's key are not carried");
+    assert!(other.flow_table(false).expect("flows").is_empty());
 }
 
 /// The carry of an upgrade copies a pinned flow table's entries into the new plane's, slot by

@@ -306,14 +306,31 @@ static __always_inline void flow_end(struct lb_flow *e, __u64 tag)
 	__sync_val_compare_and_swap(&e->tag, tag, 0);
 }
 
+/* An RST's effect on `seen`: the entry then lives LB_CT_RESET_TICKS from `seen` (usable()),
+ * so this makes it end about 4 s from now, or when it would have ended anyway if that is sooner
+ * (an RST never extends an entry). An unconfirmed entry keeps its `seen`: its flow's first packets
+ * set it, and the packet that confirms it must come a refresh interval after them, spoofed RSTs
+ * in between or not. */
+static __always_inline __u32 reset_seen(const struct flow_word *f, __u32 timeout, __u32 now)
+{
+	__u32 last;
+
+	if (!(f->flags & LB_FLOW_CONFIRMED) || (timeout != 0 && timeout <= LB_CT_RESET_TICKS))
+		return f->seen;
+	if (timeout == 0)
+		return now;
+	last = f->seen + timeout - LB_CT_RESET_TICKS;
+	return (__s32)(last - now) >= 0 ? now : last;
+}
+
 /* A hit's bookkeeping, one compare-and-swap of the word when anything changes (lost to a
  * writer that replaced the slot meanwhile, which is harmless). Never for a pure SYN, which
  * proves nothing (a retransmitted or spoofed SYN): it neither refreshes nor confirms. An RST
- * leaves the entry LB_CT_RESET_TICKS to live, counted from the first RST (more RSTs do not
- * extend it, so an RST spray cannot keep a flow looking alive). Any other packet rewrites
- * `seen` once it is older than the refresh interval, and confirms the entry then; it also
- * clears a reset, and confirms the entry then too: a packet of the flow after an RST shows a
- * flow that goes on, so spoofed RSTs between a flow's real packets cannot keep it from being
+ * leaves the entry LB_CT_RESET_TICKS to live (reset_seen()), counted from the first RST (more
+ * RSTs do not extend it, so an RST spray cannot keep a flow looking alive). Any other packet
+ * rewrites `seen` once it is older than the refresh interval, and confirms the entry then; a
+ * packet sooner than that after an RST clears the reset (the flow goes on: RSTs can be spoofed)
+ * and changes nothing else, so RSTs neither confirm an entry nor keep one from being
  * confirmed. */
 static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int rst)
 {
@@ -322,13 +339,16 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
 	if (rst) {
 		if (f.flags & LB_FLOW_RESET)
 			return;
+		f.seen = reset_seen(&f, timeout, now);
 		f.flags |= LB_FLOW_RESET;
-	} else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= every) {
+	} else if (now - f.seen >= every) {
 		f.flags = (f.flags & ~LB_FLOW_RESET) | LB_FLOW_CONFIRMED;
+		f.seen = now;
+	} else if (f.flags & LB_FLOW_RESET) {
+		f.flags &= ~LB_FLOW_RESET;
 	} else {
 		return;
 	}
-	f.seen = now;
 	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
 }
 
@@ -437,10 +457,10 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
 				}
 			} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
-				/* An RST shortens a half-open record's life as it does an entry's;
-				 * it may be spoofed. */
+				/* An RST shortens a half-open record's life as it does an
+				 * unconfirmed entry's (it may be spoofed): about 4 s from the
+				 * flow's last packet. */
 				f.flags |= LB_FLOW_RESET;
-				f.seen = now;
 				__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
 			} else if (stale) {
 				flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);

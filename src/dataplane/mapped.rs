@@ -128,24 +128,57 @@ impl FlowSlots {
         self.map.u64_at(i as usize * self.stride).map_or(0, |t| t.load(Ordering::Acquire))
     }
 
-    /// Writes `value` (a whole slot, tag first) into slot `i` if its tag is still `expect`:
-    /// claims the slot (tag -> LB_FLOW_BUSY), writes everything after the tag, then publishes
-    /// the tag. False when the slot held another tag (the program, or another writer, got there
-    /// first).
-    pub(super) fn put_if(&self, i: u32, expect: u64, value: &[u8]) -> Result<bool> {
+    /// Slot `i` whole (its value's `value_size` bytes), if it holds a flow: read as the program
+    /// reads a slot, the tag, then the rest, then the tag again, so a slot that a CPU claimed
+    /// or rewrote meanwhile is skipped rather than read torn. None for a free slot, one being
+    /// written, or one that changed during the read.
+    pub(super) fn read(&self, i: u32, value_size: usize) -> Option<Vec<u8>> {
+        if i >= self.slots || value_size < 16 || value_size > self.stride {
+            return None;
+        }
+        let at = i as usize * self.stride;
+        let tag_word = self.map.u64_at(at)?;
+        let tag = tag_word.load(Ordering::Acquire);
+        if tag & 1 == 0 {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.stride);
+        out.extend_from_slice(&tag.to_ne_bytes());
+        for k in 1..self.stride / 8 {
+            out.extend_from_slice(&self.map.u64_at(at + k * 8)?.load(Ordering::Acquire).to_ne_bytes());
+        }
+        (tag_word.load(Ordering::Acquire) == tag).then(|| {
+            out.truncate(value_size);
+            out
+        })
+    }
+
+    /// Writes `value` (a whole slot, tag first) into slot `i` if its tag is still `expect_tag`
+    /// and, when `expect_word` is given, its backend-and-state word still that: claims the slot
+    /// (tag -> LB_FLOW_BUSY), swaps the word from what was expected (a CPU may have refreshed or
+    /// re-picked the flow meanwhile: then the slot is given its tag back untouched), writes the
+    /// rest, then publishes the tag. False when nothing was written.
+    pub(super) fn put_if(&self, i: u32, expect_tag: u64, expect_word: Option<u64>, value: &[u8]) -> Result<bool> {
         anyhow::ensure!(i < self.slots && value.len() >= 16 && value.len() <= self.stride, "flow slot {i} out of range");
         let at = i as usize * self.stride;
         let tag_word = self.map.u64_at(at).context("a flow slot outside the mapping")?;
+        let word = self.map.u64_at(at + 8).context("a flow slot outside the mapping")?;
         let tag = u64::from_ne_bytes(value[..8].try_into()?);
-        if expect == BUSY || tag_word.compare_exchange(expect, BUSY, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        let new_word = u64::from_ne_bytes(value[8..16].try_into()?);
+        if expect_tag == BUSY || tag_word.compare_exchange(expect_tag, BUSY, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return Ok(false);
         }
-        // The slot is ours: no reader uses a slot tagged LB_FLOW_BUSY, and no CPU claims it.
-        // The backend, generation and seen are one 8-byte word, as the program reads them.
-        for (k, chunk) in value[8..].chunks(8).enumerate() {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.map.u64_at(at + 8 + k * 8).context("a flow slot outside the mapping")?.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+        // The slot is ours: no reader uses a slot tagged LB_FLOW_BUSY, and no CPU claims it;
+        // but a CPU that read the tag before the claim may still swap the word it read.
+        let expected = expect_word.unwrap_or_else(|| word.load(Ordering::Acquire));
+        if word.compare_exchange(expected, new_word, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            tag_word.swap(expect_tag, Ordering::AcqRel);
+            return Ok(false);
+        }
+        for (k, chunk) in value[16..].chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.map.u64_at(at + 16 + k * 8).context("a flow slot outside the mapping")?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
         }
         // Release: the words above are visible before the tag that makes them a flow's.
         tag_word.swap(tag, Ordering::AcqRel);

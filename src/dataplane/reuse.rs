@@ -3,6 +3,7 @@
 //! table over entry by entry when its layout changed, and the lb_meta record that says which
 //! build and controller a pinned plane belongs to.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 
@@ -296,33 +297,53 @@ impl Dataplane {
         // would only fill slots.
         let keyed = pinned_flow_key(&path.with_file_name("flow_key")) == Some(key);
         // The new tables through memory mappings: after the switch the new program writes
-        // them too, so every slot is claimed as the program claims it.
+        // them too, so every slot is claimed as the program claims it. The old ones likewise
+        // when they can be mapped, since before the switch the old program writes them: each
+        // slot is read as the program reads one, never torn.
         let mut mapped = Vec::new();
         for (old, new, choices) in &tables {
             let info = new.info()?.info;
-            mapped.push((old, new, *choices, FlowSlots::new(*new, info.max_entries, info.value_size)?));
+            let old_info = old.info()?.info;
+            let old_mapped = if old_info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY
+                && old_info.map_flags & libbpf_rs::libbpf_sys::BPF_F_MMAPABLE != 0
+            {
+                Some(FlowSlots::new(old, old_info.max_entries, old_info.value_size)?)
+            } else {
+                None
+            };
+            mapped.push((old, new, *choices, FlowSlots::new(*new, info.max_entries, info.value_size)?, old_mapped));
         }
-        let copy = || -> Result<u64> {
+        // What the first pass wrote, per tag: the second may update it (the old program may
+        // have refreshed or re-picked the flow meanwhile) as long as the new one has not.
+        let mut wrote: Vec<HashMap<u64, Vec<u8>>> = vec![HashMap::new(); mapped.len()];
+        let mut copy = || -> Result<u64> {
             let mut copied = 0;
-            for (old, new, choices, slots) in &mapped {
+            for ((old, new, choices, slots, old_mapped), wrote) in mapped.iter().zip(wrote.iter_mut()) {
                 let info = old.info()?.info;
                 let new_info = new.info()?.info;
                 let convert_slot =
                     |v: &[u8]| convert(v, &old_btf, info.btf_value_type_id, &new_btf, new_info.btf_value_type_id, new_info.value_size as usize);
                 let mut put = |slot: Vec<u8>| -> Result<()> {
-                    copied += put_flow(slots, *choices, &slot)? as u64;
+                    copied += put_flow(slots, *choices, &slot, wrote)? as u64;
                     Ok(())
                 };
                 if info.type_ == libbpf_rs::libbpf_sys::BPF_MAP_TYPE_ARRAY {
                     if !keyed {
                         continue;
                     }
-                    for (_, v) in old.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
-                        // Only a flow's tag (odd): not a free slot (0), nor one the old
-                        // program was writing (LB_FLOW_BUSY, 2), which copied would stay
-                        // claimed for ever.
-                        if v.len() >= 8 && v[0] & 1 == 1 {
-                            put(convert_slot(&v))?;
+                    // Only flows' tags (odd): not a free slot (0), nor one the old program
+                    // was writing (LB_FLOW_BUSY, 2), which copied would stay claimed for ever.
+                    if let Some(m) = old_mapped {
+                        for i in 0..m.len() {
+                            if let Some(v) = m.read(i, info.value_size as usize) {
+                                put(convert_slot(&v))?;
+                            }
+                        }
+                    } else {
+                        for (_, v) in old.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {
+                            if v.len() >= 8 && v[0] & 1 == 1 {
+                                put(convert_slot(&v))?;
+                            }
                         }
                     }
                 } else {
@@ -374,20 +395,28 @@ impl Dataplane {
     }
 }
 
-/// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into a free slot of the buckets its
-/// tag names (two for the flow table, one for the half-open table), claimed as the program
-/// claims slots; false when the flow is there already or the buckets have no free slot.
-fn put_flow(slots: &FlowSlots, choices: usize, slot: &[u8]) -> Result<bool> {
+/// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into the buckets its tag names
+/// (two for the flow table, one for the half-open table), claimed as the program claims slots:
+/// where the flow already is, if this carry wrote it there (`wrote`) and the new program has
+/// not changed it since; else into a free slot. True when the flow was added.
+fn put_flow(slots: &FlowSlots, choices: usize, slot: &[u8], wrote: &mut HashMap<u64, Vec<u8>>) -> Result<bool> {
     let tag = u64::from_ne_bytes(slot[..8].try_into()?);
     let buckets = slots.len() / FLOW_WAYS;
     let first = crate::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
     let second = crate::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
-    for i in [first..first + FLOW_WAYS, second..second + FLOW_WAYS].into_iter().take(choices).flatten() {
-        let cur = slots.tag(i);
-        if cur == tag {
-            return Ok(false);
+    let candidates: Vec<u32> = [first..first + FLOW_WAYS, second..second + FLOW_WAYS].into_iter().take(choices).flatten().collect();
+    if let Some(&i) = candidates.iter().find(|&&i| slots.tag(i) == tag) {
+        if let Some(prev) = wrote.get(&tag).filter(|p| p.as_slice() != slot) {
+            let prev_word = u64::from_ne_bytes(prev[8..16].try_into()?);
+            if slots.put_if(i, tag, Some(prev_word), slot)? {
+                wrote.insert(tag, slot.to_vec());
+            }
         }
-        if cur == 0 && slots.put_if(i, 0, slot)? {
+        return Ok(false);
+    }
+    for &i in &candidates {
+        if slots.tag(i) == 0 && slots.put_if(i, 0, None, slot)? {
+            wrote.insert(tag, slot.to_vec());
             return Ok(true);
         }
     }
