@@ -132,6 +132,38 @@ impl Dataplane {
         Ok((dp, fresh))
     }
 
+    /// How much the kernel's verifier had to walk to accept the XDP program: the instructions it
+    /// processed, against its budget of 1,000,000 (past it, the program does not load at all).
+    /// Loads the program once more, unattached, with the verifier's statistics asked for. The
+    /// count is what a restart's load time follows, and what tests/root_program.rs keeps well
+    /// inside the budget.
+    pub fn verifier_steps() -> Result<u64> {
+        static LOG: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+        fn keep(_: libbpf_rs::PrintLevel, line: String) {
+            if let Ok(mut log) = LOG.lock() {
+                log.push_str(&line);
+            }
+        }
+        let mut object = MaybeUninit::uninit();
+        let mut open = LbSkelBuilder::default().open(&mut object).context("opening the BPF object")?;
+        // 4: the verifier's statistics only, which libbpf prints (at debug level) on success.
+        open.progs.lb_xdp.set_log_level(4);
+        if let Ok(mut log) = LOG.lock() {
+            log.clear();
+        }
+        let previous = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, keep)));
+        let loaded = open.load();
+        libbpf_rs::set_print(previous);
+        drop(loaded.context("loading the XDP program")?);
+        let log = LOG.lock().map(|l| l.clone()).unwrap_or_default();
+        let steps = log
+            .split("processed ")
+            .skip(1)
+            .find_map(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+            .with_context(|| format!("no verifier statistics in libbpf's log: {log}"))?;
+        Ok(steps)
+    }
+
     /// How large this plane's tables are, as loaded.
     pub fn sizes(&self) -> Result<Sizes> {
         live::sizes(self)
