@@ -35,14 +35,21 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
     // The VIPs go before the program: left local with nothing in front, they would be answered
     // with resets.
-    let mut withdrawn = Vec::new();
+    // Only the addresses lb marked as its own (IFA_PROTO, as it added them): an address the
+    // operator holds on that device is theirs, even when it equals a VIP.
+    let (mut withdrawn, mut left) = (Vec::new(), Vec::new());
     if let Ok(maps) = PinnedMaps::open(&dir) {
         if let (Some(dev), Ok(st)) = (maps.announce_ifindex()?, lb::balancer::status(&maps)) {
             let mut nl = lb::dataplane::netlink::Socket::open()?;
+            let marked = nl.addrs_marked(dev, lb::dataplane::netlink::ADDR_PROTO_LB)?;
             let vips: std::collections::BTreeSet<std::net::IpAddr> = st.services.iter().map(|s| s.vip).collect();
             for v in vips {
-                nl.addr_del(dev, v)?;
-                withdrawn.push(v.to_string());
+                if marked.contains(&v) {
+                    nl.addr_del(dev, v)?;
+                    withdrawn.push(v.to_string());
+                } else {
+                    left.push(v.to_string());
+                }
             }
         }
     }
@@ -56,6 +63,13 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if !withdrawn.is_empty() {
         writeln!(out, "withdrew the VIPs {}", withdrawn.join(" "))?;
+    }
+    if !left.is_empty() {
+        writeln!(
+            out,
+            "left the VIPs {}: not marked as lb's on the announce device (added by someone else, or by a kernel before 6.1, which keeps no marks)",
+            left.join(" ")
+        )?;
     }
     writeln!(
         out,

@@ -352,6 +352,19 @@ fn root_announce_holds_the_vips_while_serving_and_withdraws_them_first() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("withdrew the VIPs 10.77.0.100"), "{said}");
     assert!(!holds(&p));
+
+    // Only its own: an address the operator put there by hand (no lb mark) stays, even when
+    // it equals a VIP of the detached data plane.
+    let mut lb = Running::start(&p.lb, &["attach", "lbv0", "--config", cfg, "--announce", "vips0", "--pin", "--pin-dir", pins.arg(), "--xdp-mode", "generic"]);
+    lb.wait_for("serving", SECS);
+    lb.signal(Signal::SIGKILL);
+    lb.wait_exit(SECS);
+    p.lb.ip(&["addr", "del", "10.77.0.100/32", "dev", "vips0"]);
+    p.lb.ip(&["addr", "add", "10.77.0.100/32", "dev", "vips0"]);
+    let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("left the VIPs 10.77.0.100: not marked as lb's"), "{said}");
+    assert!(holds(&p), "the operator's address was withdrawn");
 }
 
 /// The generation of every backend id in the pinned data plane of `prog_id` (index = id).
