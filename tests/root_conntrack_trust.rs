@@ -568,33 +568,60 @@ impl Drop for Bpffs {
     }
 }
 
-#[test]
-fn root_the_flow_key_survives_adoption_and_so_do_the_entries() {
+/// A tracked data plane of pool A pinned on its own bpffs, with `n` established flows that pool
+/// B's table would move: what the adoption and upgrade tests start from.
+struct Pinned {
+    dp: Balancer,
+    fs: Bpffs,
+    a: Pool,
+    b: Pool,
+    ta: Tables,
+    flows: Vec<(Ipv4Addr, u16)>,
+}
+
+fn pinned_with_flows(n: usize) -> Pinned {
     let (dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
     let fs = Bpffs::new();
     dp.pin_maps(&fs.0, None).expect("pin");
-    let key = dp.flow_key().expect("key");
     let b = pool(&A.replace(A_LIST, B_LIST));
     let (ta, tb) = (Tables::of(&a), Tables::of(&b));
-    let flows = moving(&ta, &tb, "web", 0xc000_0200, 10);
+    let flows = moving(&ta, &tb, "web", 0xc000_0200, n);
     for &(src, sport) in &flows {
         tcp(&dp, src, sport, SYN);
         tcp(&dp, src, sport, ACK);
     }
-    // A second controller loads on the pinned maps, as adoption does.
-    let reuse = lb::dataplane::Reuse { dir: fs.0.clone(), same_layout: true, old_prog_id: dp.program_id().expect("id") };
-    let (mut next, fresh) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
+    Pinned { dp, fs, a, b, ta, flows }
+}
+
+impl Pinned {
+    /// A second controller's plane, loaded on the pins as adoption does: it and the maps it made
+    /// fresh.
+    fn load_next(&self) -> (Balancer, Vec<&'static str>) {
+        let reuse = lb::dataplane::Reuse { dir: self.fs.0.clone(), same_layout: true, old_prog_id: self.dp.program_id().expect("id") };
+        Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins")
+    }
+
+    /// `next` adopts pool A, then pool B is applied: every flow must still go where A sent it.
+    fn adopt_and_move(&self, next: &mut Balancer, what: &str) {
+        next.adopt(&self.a).expect("adopt");
+        for a in 11..=16u8 {
+            let addr = IpAddr::V4(Ipv4Addr::new(10, 99, 0, a));
+            next.set_mac(addr, Some(mac(addr))).expect("mac");
+        }
+        next.apply(&self.b).expect("apply");
+        for &(src, sport) in &self.flows {
+            assert_eq!(tcp(next, src, sport, ACK), self.ta.says("web", src.into(), sport), "{src}:{sport} {what}");
+        }
+    }
+}
+
+#[test]
+fn root_the_flow_key_survives_adoption_and_so_do_the_entries() {
+    let p = pinned_with_flows(10);
+    let (mut next, fresh) = p.load_next();
     assert!(fresh.is_empty(), "every map reused: {fresh:?}");
-    assert_eq!(next.flow_key().expect("key"), key, "the key was read back, not remade");
-    next.adopt(&a).expect("adopt");
-    for a in 11..=16u8 {
-        let addr = IpAddr::V4(Ipv4Addr::new(10, 99, 0, a));
-        next.set_mac(addr, Some(mac(addr))).expect("mac");
-    }
-    next.apply(&b).expect("apply");
-    for &(src, sport) in &flows {
-        assert_eq!(tcp(&next, src, sport, ACK), ta.says("web", src.into(), sport), "{src}:{sport} is tracked by the new program");
-    }
+    assert_eq!(next.flow_key().expect("key"), p.dp.flow_key().expect("key"), "the key was read back, not remade");
+    p.adopt_and_move(&mut next, "is tracked by the new program");
 }
 
 /// Issue 22, review E: a pinned data plane whose flow_key pin is gone (a version before keyed
@@ -603,35 +630,26 @@ fn root_the_flow_key_survives_adoption_and_so_do_the_entries() {
 /// starts them empty, with a new key, and carries nothing over from them.
 #[test]
 fn root_flow_tables_made_under_a_lost_key_are_not_reused() {
-    let (dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
-    let fs = Bpffs::new();
-    dp.pin_maps(&fs.0, None).expect("pin");
-    let b = pool(&A.replace(A_LIST, B_LIST));
-    let (ta, tb) = (Tables::of(&a), Tables::of(&b));
-    let flows = moving(&ta, &tb, "web", 0xc000_0200, 10);
-    for &(src, sport) in &flows {
-        tcp(&dp, src, sport, SYN);
-        tcp(&dp, src, sport, ACK);
-    }
-    assert_eq!(dp.flow_table(false).expect("flows").len(), flows.len());
-    std::fs::remove_file(fs.0.join("flow_key")).expect("remove the key's pin");
-    let reuse = lb::dataplane::Reuse { dir: fs.0.clone(), same_layout: true, old_prog_id: dp.program_id().expect("id") };
-    let (next, fresh) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
+    let p = pinned_with_flows(10);
+    assert_eq!(p.dp.flow_table(false).expect("flows").len(), p.flows.len());
+    std::fs::remove_file(p.fs.0.join("flow_key")).expect("remove the key's pin");
+    let (next, fresh) = p.load_next();
     for name in ["flow_key", "flows", "flow_pending"] {
         assert!(fresh.contains(&name), "{name} is made fresh: {fresh:?}");
     }
-    assert_ne!(next.flow_key().expect("key"), dp.flow_key().expect("key"));
+    let (old_key, old_prog) = (p.dp.flow_key().expect("key"), p.dp.program_id().expect("id"));
+    assert_ne!(next.flow_key().expect("key"), old_key);
     assert!(next.flow_table(false).expect("flows").is_empty(), "no entry under the lost key");
-    let carried = next.carry_flows(&fs.0.join("flows"), dp.program_id().expect("id"), || Ok(())).expect("carry");
+    let carried = next.carry_flows(&p.fs.0.join("flows"), old_prog, || Ok(())).expect("carry");
     assert_eq!(carried, 0, "entries under another key are not carried");
     assert!(next.flow_table(false).expect("flows").is_empty());
 
     // A key pinned beside the table, but not this plane's own: nothing is carried either.
     let fs2 = Bpffs::new();
-    dp.pin_maps(&fs2.0, None).expect("pin");
+    p.dp.pin_maps(&fs2.0, None).expect("pin");
     let (other, _) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, None).expect("load");
-    assert_ne!(other.flow_key().expect("key"), dp.flow_key().expect("key"));
-    let carried = other.carry_flows(&fs2.0.join("flows"), dp.program_id().expect("id"), || Ok(())).expect("carry");
+    assert_ne!(other.flow_key().expect("key"), old_key);
+    let carried = other.carry_flows(&fs2.0.join("flows"), old_prog, || Ok(())).expect("carry");
     assert_eq!(carried, 0, "entries under another plane's key are not carried");
     assert!(other.flow_table(false).expect("flows").is_empty());
 }
@@ -641,42 +659,24 @@ fn root_flow_tables_made_under_a_lost_key_are_not_reused() {
 /// the carried flows keep their backends when the table changes.
 #[test]
 fn root_carried_flows_keep_their_backends() {
-    let (dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
-    let fs = Bpffs::new();
-    dp.pin_maps(&fs.0, None).expect("pin");
-    let b = pool(&A.replace(A_LIST, B_LIST));
-    let (ta, tb) = (Tables::of(&a), Tables::of(&b));
-    let flows = moving(&ta, &tb, "web", 0xc000_0200, 40);
-    for &(src, sport) in &flows {
-        tcp(&dp, src, sport, SYN);
-        tcp(&dp, src, sport, ACK);
-    }
+    let p = pinned_with_flows(40);
     // The old flow table stays pinned under another name; the new plane makes its own, as an
     // upgrade to another layout does, and keeps the key.
     // (A bpffs pin can be neither renamed nor named with a dot.)
-    let mut old = libbpf_rs::MapHandle::from_pinned_path(fs.0.join("flows")).expect("pinned flows");
-    old.pin(fs.0.join("flows_old")).expect("pin again");
-    std::fs::remove_file(fs.0.join("flows")).expect("unpin");
-    let reuse = lb::dataplane::Reuse { dir: fs.0.clone(), same_layout: true, old_prog_id: dp.program_id().expect("id") };
-    let (mut next, fresh) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
+    let mut old = libbpf_rs::MapHandle::from_pinned_path(p.fs.0.join("flows")).expect("pinned flows");
+    old.pin(p.fs.0.join("flows_old")).expect("pin again");
+    std::fs::remove_file(p.fs.0.join("flows")).expect("unpin");
+    let (mut next, fresh) = p.load_next();
     assert_eq!(fresh, vec!["flows"]);
     assert!(next.flow_table(false).expect("flows").is_empty());
     let mut switched = false;
     let carried = next
-        .carry_flows(&fs.0.join("flows_old"), dp.program_id().expect("id"), || {
+        .carry_flows(&p.fs.0.join("flows_old"), p.dp.program_id().expect("id"), || {
             switched = true;
             Ok(())
         })
         .expect("carry");
     assert!(switched);
-    assert_eq!(carried, flows.len() as u64, "each flow carried once (the second pass finds them there)");
-    next.adopt(&a).expect("adopt");
-    for a in 11..=16u8 {
-        let addr = IpAddr::V4(Ipv4Addr::new(10, 99, 0, a));
-        next.set_mac(addr, Some(mac(addr))).expect("mac");
-    }
-    next.apply(&b).expect("apply");
-    for &(src, sport) in &flows {
-        assert_eq!(tcp(&next, src, sport, ACK), ta.says("web", src.into(), sport), "{src}:{sport} kept its backend");
-    }
+    assert_eq!(carried, p.flows.len() as u64, "each flow carried once (the second pass finds them there)");
+    p.adopt_and_move(&mut next, "kept its backend");
 }
