@@ -81,8 +81,8 @@ fn source_prefix(s: &str) -> Result<(IpAddr, u8), String> {
 
 fn counters_text(c: &DecapCounters) -> String {
     format!(
-        "decapsulated {}, passed {}, malformed {}, not_allowed {}, not_local {}, ce_not_ect {}",
-        c.decapsulated, c.passed, c.malformed, c.not_allowed, c.not_local, c.ce_not_ect
+        "decapsulated {}, passed {}, malformed {}, not_allowed {}, not_local {}, ce_not_ect {}, ecn_anomaly {}",
+        c.decapsulated, c.passed, c.malformed, c.not_allowed, c.not_local, c.ce_not_ect, c.ecn_anomaly
     )
 }
 

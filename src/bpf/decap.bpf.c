@@ -101,6 +101,10 @@ static __always_inline int is_allowed(const __u32 a[4], __u8 family)
  * ECT(0) inside becomes ECT(1). Everything else keeps the inner field. */
 static __always_inline int ecn_decap(__u8 outer, __u8 inner)
 {
+	/* The combinations the RFC marks "(!!!)" (its CE over Not-ECT is the drop below):
+	 * counted, and decapsulated as the table says. */
+	if ((inner == ECN_NOT_ECT && (outer == ECN_ECT0 || outer == ECN_ECT1)) || (inner == ECN_CE && outer == ECN_ECT1))
+		dcount(LB_DECAP_ECN_ANOMALY, 0);
 	if (outer == ECN_CE)
 		return inner == ECN_NOT_ECT ? -1 : ECN_CE;
 	if (outer == ECN_ECT1 && inner == ECN_ECT0)

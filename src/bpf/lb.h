@@ -281,6 +281,9 @@ enum lb_decap_stat {
 			      * address this host does not have: dropped, never routed on */
 	LB_DECAP_CE_NOT_ECT, /* the outer header marked CE (congestion) and the inner packet's
 			      * sender does not do ECN (Not-ECT): dropped, as RFC 6040 says */
+	LB_DECAP_ECN_ANOMALY, /* decapsulated (and counted so too), but with an ECN combination that
+			       * RFC 6040 says no compliant path produces, and asks to be logged: an
+			       * ECT outer over a Not-ECT inner, or ECT(1) outer over a CE inner */
 	LB_DECAP_STAT_MAX,
 };
 

@@ -37,6 +37,9 @@ pub struct DecapCounters {
     /// Encapsulated packets whose outer header was marked CE (congestion) while the inner
     /// packet's sender does not do ECN: dropped, as RFC 6040 says.
     pub ce_not_ect: u64,
+    /// Decapsulated packets (counted there too) whose ECN fields were a combination RFC 6040
+    /// says no compliant path produces: an ECT outer over a Not-ECT inner, or ECT(1) over CE.
+    pub ecn_anomaly: u64,
 }
 
 /// Every address of either family: what `lb decap --allow-any` allows.
@@ -120,6 +123,7 @@ impl Decap {
             not_allowed: read(S::LB_DECAP_NOT_ALLOWED)?,
             not_local: read(S::LB_DECAP_NOT_LOCAL)?,
             ce_not_ect: read(S::LB_DECAP_CE_NOT_ECT)?,
+            ecn_anomaly: read(S::LB_DECAP_ECN_ANOMALY)?,
         })
     }
 
