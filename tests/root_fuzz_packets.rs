@@ -25,6 +25,12 @@
 //! - a first fragment that disagrees with its datagram's fresh record (another port, protocol
 //!   or backend: trains send such spoofs, same source and identification, to another service
 //!   of the VIP) leaves the datagram's later fragments following nothing (`followed` unchanged);
+//!   where this file knows a fresh first fragment of the datagram, a sent first fragment that
+//!   agrees with it is recorded and one that disagrees deletes the record (`recorded`,
+//!   `conflict`); where it does not (lb keeps records longer than it looks, and may hold one it
+//!   cannot know of), lb's two counters say which of the two happened, and any sent first
+//!   fragment does one of them. A failure prints the datagram's last fragments with what each
+//!   did.
 //! - `lb decap` (src/bpf/decap.bpf.c), fed lb's encapsulated output, the same with the outer
 //!   source rewritten (inside and outside its allow-list) and mutations of both, never unwraps a
 //!   packet whose outer source is outside its allow-list.
@@ -665,6 +671,8 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
     let mut firsts: HashMap<Vec<u8>, First> = HashMap::new();
     // Datagrams whose record a conflicting first fragment deleted.
     let mut conflicted: HashSet<Vec<u8>> = HashSet::new();
+    // The last fragments of each datagram, for a failure's message.
+    let mut history: HashMap<Vec<u8>, (u64, Vec<String>)> = HashMap::new();
 
     let done = |packets: u64| match count {
         Some(n) => packets >= n,
@@ -701,8 +709,11 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
         }
         // A later fragment: the fragment table's events it causes are read around its run.
         let fragment = fragment_of(&input);
-        let frag_events = |dp: &Balancer| [types::lb_stat::LB_FRAG_FOLLOWED, types::lb_stat::LB_FRAG_UNMATCHED].map(|s| dp.stat(s).expect("stat"));
-        let frag_before = matches!(fragment, Some((_, false))).then(|| frag_events(&dp));
+        let frag_events = |dp: &Balancer| {
+            [types::lb_stat::LB_FRAG_FOLLOWED, types::lb_stat::LB_FRAG_UNMATCHED, types::lb_stat::LB_FRAG_RECORDED, types::lb_stat::LB_FRAG_CONFLICT]
+                .map(|s| dp.stat(s).expect("stat"))
+        };
+        let frag_before = fragment.is_some().then(|| frag_events(&dp));
         let (action, out) = dp.test_run(&input).expect("BPF_PROG_TEST_RUN");
         let after = outcomes(&dp);
         let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
@@ -737,29 +748,51 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
         // checks it for 20, and mirrors lb's rule for a first fragment that disagrees with a
         // fresh record (another port, protocol or backend): the record is deleted, and until a
         // first fragment records the datagram again its later fragments never follow.
-        let [followed, unmatched] = frag_before.map(|b| {
+        let [followed, unmatched, recorded, conflict] = frag_before.map(|b| {
             let a = frag_events(&dp);
-            [a[0] - b[0], a[1] - b[1]]
-        }).unwrap_or([0, 0]);
+            [a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3]]
+        }).unwrap_or([0, 0, 0, 0]);
+        if let Some((key, first)) = &fragment {
+            let (last, h) = history.entry(key.clone()).or_default();
+            *last = packets;
+            h.push(format!(
+                "#{packets} {} action {action} too_big {too_big} followed {followed} unmatched {unmatched} recorded {recorded} conflict {conflict} to {:02x?} {:02x?}",
+                if *first { "first" } else { "later" },
+                if action == XDP_TX { Some(destination(&input, &out)) } else { None },
+                &input[..input.len().min(60)]
+            ));
+            if h.len() > 12 {
+                h.remove(0);
+            }
+        }
+        let story = fragment.as_ref().and_then(|(k, _)| history.get(k)).map(|h| h.1.join("\n")).unwrap_or_default();
+        let what = || format!("{}; this datagram's last fragments:\n{story}", what());
         if let Some((key, first)) = fragment {
             if first {
                 if action == XDP_TX && too_big == 0 {
                     let went = (destination(&input, &out), oracle.port_of(&input));
-                    match firsts.get(&key).map(|e| (e.0 == went, packets - e.1, e.2.elapsed().as_secs())) {
-                        // lb held a fresh record and deleted it.
-                        Some((false, since, age)) if age < 20 && since < 2000 => {
-                            firsts.remove(&key);
-                            conflicted.insert(key);
-                        }
-                        // A record lb may still hold, or may have let expire or evicted: unknown.
-                        Some((false, _, _)) => {
-                            firsts.remove(&key);
-                            conflicted.remove(&key);
-                        }
-                        _ => {
-                            conflicted.remove(&key);
-                            firsts.insert(key, (went, packets, Instant::now()));
-                        }
+                    // What the oracle knows for sure: a fresh first fragment of this datagram
+                    // (it may not know of one: lb keeps records longer than this looks, and a
+                    // record it did not know of may have been replaced). Where it knows, lb must
+                    // agree: re-point nothing, delete on a disagreement.
+                    if let Some((agrees, _, _)) = firsts.get(&key).map(|e| (e.0 == went, packets - e.1, e.2.elapsed().as_secs())).filter(|e| e.1 < 2000 && e.2 < 20) {
+                        assert_eq!(
+                            (recorded, conflict),
+                            if agrees { (1, 0) } else { (0, 1) },
+                            "a first fragment {} a fresh record was {} ({})",
+                            if agrees { "agreeing with" } else { "disagreeing with" },
+                            if agrees { "not recorded" } else { "not taken as a conflict" },
+                            what()
+                        );
+                    }
+                    // Otherwise lb's counters say what it did with its own record.
+                    if conflict == 1 {
+                        firsts.remove(&key);
+                        conflicted.insert(key);
+                    } else {
+                        assert_eq!(recorded, 1, "a first fragment sent without a conflict was not recorded ({})", what());
+                        conflicted.remove(&key);
+                        firsts.insert(key, (went, packets, Instant::now()));
                     }
                 }
             } else if conflicted.contains(&key) {
@@ -804,6 +837,7 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
             dp.tick().expect("tick");
             // Kept past lb's 60 s, so that a disagreement with a record lb may still hold is known.
             firsts.retain(|_, (_, _, w)| w.elapsed().as_secs() < 70);
+            history.retain(|_, (last, _)| packets - *last < 4096);
         }
     }
     assert_eq!(dp.forwarded().expect("forwarded") - forwarded0, forwarded, "backend counters at the end (seed {seed})");
