@@ -19,6 +19,22 @@ use crate::log::since_text;
 use crate::plane::layout_hash;
 use crate::xdp::check_privileges;
 
+/// Whether the running kernel keeps the protocol mark (IFA_PROTO) lb puts on the addresses it
+/// adds: Linux 6.1 and later. Unknown counts as yes: a mark then missing means the address is
+/// not lb's, and it stays.
+fn kernel_keeps_address_marks() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or(true, |r| release_keeps_marks(&r))
+}
+
+/// [`kernel_keeps_address_marks`] for a kernel release string ("6.18.0-1-amd64").
+fn release_keeps_marks(release: &str) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => (major, minor) >= (6, 1),
+        _ => true,
+    }
+}
+
 /// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
 pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     check_privileges()?;
@@ -36,15 +52,17 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     // The VIPs go before the program: left local with nothing in front, they would be answered
     // with resets.
     // Only the addresses lb marked as its own (IFA_PROTO, as it added them): an address the
-    // operator holds on that device is theirs, even when it equals a VIP.
+    // operator holds on that device is theirs, even when it equals a VIP. A kernel before 6.1
+    // keeps no marks: there every VIP is taken for lb's, as it always was.
     let (mut withdrawn, mut left) = (Vec::new(), Vec::new());
     if let Ok(maps) = PinnedMaps::open(&dir) {
         if let (Some(dev), Ok(st)) = (maps.announce_ifindex()?, lb::balancer::status(&maps)) {
             let mut nl = lb::dataplane::netlink::Socket::open()?;
-            let marked = nl.addrs_marked(dev, lb::dataplane::netlink::ADDR_PROTO_LB)?;
+            let marks = kernel_keeps_address_marks();
+            let marked = if marks { nl.addrs_marked(dev, lb::dataplane::netlink::ADDR_PROTO_LB)? } else { Vec::new() };
             let vips: std::collections::BTreeSet<std::net::IpAddr> = st.services.iter().map(|s| s.vip).collect();
             for v in vips {
-                if marked.contains(&v) {
+                if !marks || marked.contains(&v) {
                     nl.addr_del(dev, v)?;
                     withdrawn.push(v.to_string());
                 } else {
@@ -175,5 +193,12 @@ mod tests {
         assert!(!flock_held(locks, "00:19:1123"), "a POSIX lock is not the controller's");
         assert!(!flock_held(locks, "00:2d:77"), "a waiter holds nothing");
         assert!(!flock_held(locks, "00:2d:3"));
+    }
+
+    #[test]
+    fn address_marks_come_with_linux_6_1() {
+        for (release, keeps) in [("6.18.0-1-amd64", true), ("6.1.0", true), ("6.0.19", false), ("5.15.0-91-generic", false), ("7.0", true), ("", true)] {
+            assert_eq!(super::release_keeps_marks(release), keeps, "{release}");
+        }
     }
 }

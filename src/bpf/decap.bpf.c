@@ -101,15 +101,18 @@ static __always_inline int is_allowed(const __u32 a[4], __u8 family)
  * ECT(0) inside becomes ECT(1). Everything else keeps the inner field. */
 static __always_inline int ecn_decap(__u8 outer, __u8 inner)
 {
-	/* The combinations the RFC marks "(!!!)" (its CE over Not-ECT is the drop below):
-	 * counted, and decapsulated as the table says. */
-	if ((inner == ECN_NOT_ECT && (outer == ECN_ECT0 || outer == ECN_ECT1)) || (inner == ECN_CE && outer == ECN_ECT1))
-		dcount(LB_DECAP_ECN_ANOMALY, 0);
 	if (outer == ECN_CE)
 		return inner == ECN_NOT_ECT ? -1 : ECN_CE;
 	if (outer == ECN_ECT1 && inner == ECN_ECT0)
 		return ECN_ECT1;
 	return inner;
+}
+
+/* Whether the fields are a combination the RFC marks "(!!!)" and asks to be logged (its CE over
+ * Not-ECT is ecn_decap()'s drop): decapsulated as the table says, and counted. */
+static __always_inline int ecn_anomalous(__u8 outer, __u8 inner)
+{
+	return (inner == ECN_NOT_ECT && (outer == ECN_ECT0 || outer == ECN_ECT1)) || (inner == ECN_CE && outer == ECN_ECT1);
 }
 
 /* What follows the outer IP header: how many more bytes to strip and the inner family.
@@ -180,7 +183,7 @@ int lb_decap(struct xdp_md *ctx)
 	struct ethhdr *eth;
 	void *data, *l3;
 	__u16 proto;
-	int verdict, ecn;
+	int verdict, ecn, anomaly = 0;
 
 	eth = take(&c, sizeof(*eth));
 	if (!eth)
@@ -259,6 +262,7 @@ int lb_decap(struct xdp_md *ctx)
 		d[0] = in->daddr;
 		if (!is_local(d, LB_FAMILY_V4))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+		anomaly = ecn_anomalous(outer_ecn, in->tos & 3);
 		ecn = ecn_decap(outer_ecn, in->tos & 3);
 		if (ecn < 0)
 			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
@@ -282,6 +286,7 @@ int lb_decap(struct xdp_md *ctx)
 		__builtin_memcpy(d, &in->daddr, 16);
 		if (!is_local(d, LB_FAMILY_V6))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+		anomaly = ecn_anomalous(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
 		ecn = ecn_decap(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
 		if (ecn < 0)
 			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
@@ -303,6 +308,8 @@ int lb_decap(struct xdp_md *ctx)
 	} else {
 		*(__u16 *)(data + 12) = proto;
 	}
+	if (anomaly)
+		dcount(LB_DECAP_ECN_ANOMALY, 0);
 	return dcount(LB_DECAP_DONE, XDP_PASS);
 }
 

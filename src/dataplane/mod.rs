@@ -136,7 +136,8 @@ impl Dataplane {
     /// processed, against its budget of 1,000,000 (past it, the program does not load at all).
     /// Loads the program once more, unattached, with the verifier's statistics asked for. The
     /// count is what a restart's load time follows, and what tests/root_program.rs keeps well
-    /// inside the budget.
+    /// inside the budget. It swaps libbpf's process-wide print callback while it loads: not for
+    /// a process that loads other programs at the same time.
     pub fn verifier_steps() -> Result<u64> {
         static LOG: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
         fn keep(_: libbpf_rs::PrintLevel, line: String) {
@@ -154,8 +155,10 @@ impl Dataplane {
         let previous = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, keep)));
         let loaded = open.load();
         libbpf_rs::set_print(previous);
-        drop(loaded.context("loading the XDP program")?);
         let log = LOG.lock().map(|l| l.clone()).unwrap_or_default();
+        // Refused (past the budget, say): the verifier's last lines say why and how far it got.
+        let tail: String = log.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        drop(loaded.with_context(|| format!("loading the XDP program; the verifier's last words:\n{tail}"))?);
         let steps = log
             .split("processed ")
             .skip(1)
