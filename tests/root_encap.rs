@@ -860,7 +860,9 @@ fn root_decap_follows_rfc_6040_for_every_ecn_combination() {
     // RFC 6040, section 4.2, figure 4: the field the inner header leaves with, by arriving
     // inner (rows) and outer (columns: Not-ECT, ECT(0), ECT(1), CE); None: dropped. `true`: a
     // combination the RFC marks "(!!!)", to be logged (counted ecn_anomaly).
-    let table: [(u8, [(Option<u8>, bool); 4]); 4] = [
+    // (arriving inner field, [(the inner field it leaves with, an anomaly); per outer field])
+    type Row = (u8, [(Option<u8>, bool); 4]);
+    let table: [Row; 4] = [
         (NOT_ECT, [(Some(NOT_ECT), false), (Some(NOT_ECT), true), (Some(NOT_ECT), true), (None, false)]),
         (ECT0, [(Some(ECT0), false), (Some(ECT0), false), (Some(ECT1), false), (Some(CE), false)]),
         (ECT1, [(Some(ECT1), false), (Some(ECT1), false), (Some(ECT1), false), (Some(CE), false)]),
