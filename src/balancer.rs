@@ -108,7 +108,8 @@ impl Balancer {
     /// in which no packet meets a half-applied change (see [`plan`]). If `pool` does not fit,
     /// nothing is written. The program stays attached throughout.
     pub fn apply(&mut self, pool: &Pool) -> Result<Applied> {
-        let tables: Vec<table::Table> = pool.services.iter().map(|s| self.builder.build_service(s)).collect();
+        let tables: Vec<table::Table> =
+            pool.services.iter().map(|s| table::with_hops(s, self.builder.build_service(s), pool.previous_of(s))).collect();
         self.builder.retain(&pool.services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>());
         let mut attempt = 0;
         let plan = loop {
@@ -276,7 +277,8 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
     let hash_of: HashMap<u32, u64> = live.backends.iter().map(|b| (b.0, b.3.identity)).collect();
     for s in &state.services {
         let name = live::service_name(maps, &s.key)?.unwrap_or_else(|| s.name.clone());
-        let digest = table::digest_of_hashes(s.owners.iter().map(|o| hash_of.get(o).copied().unwrap_or(0)));
+        let of = |o: &u32| hash_of.get(o).copied().unwrap_or(0);
+        let digest = table::digest_of_hashes(s.owners.iter().map(of).chain(s.hops.iter().flat_map(|h| [of(&h[0]), of(&h[1])])));
         let mut svc = ServiceStatus {
             name,
             vip: s.key.addr,

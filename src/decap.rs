@@ -49,6 +49,12 @@ pub struct DecapArgs {
     /// Print the counters every SECS seconds.
     #[arg(long, value_name = "SECS", value_parser = crate::settings::seconds)]
     stats_interval: Option<Duration>,
+    /// Give connections a second chance: a GUE packet with a hop list (a service with
+    /// `second_chance: on`) that is not a SYN and finds no connection or SYN cookie of this
+    /// host is sent on to the next backend of its list instead of being delivered here. The
+    /// other backends must allow this host's address (--allow-from).
+    #[arg(long)]
+    second_chance: bool,
 }
 
 /// `10.0.0.0/24`, `fd00::1/128`, `10.0.0.7`: a prefix of outer sources, as (network address,
@@ -79,11 +85,15 @@ fn source_prefix(s: &str) -> Result<(IpAddr, u8), String> {
     Ok((addr, len))
 }
 
-fn counters_text(c: &DecapCounters) -> String {
-    format!(
+fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
+    let mut text = format!(
         "decapsulated {}, passed {}, malformed {}, not_allowed {}, not_local {}, ce_not_ect {}, ecn_anomaly {}",
         c.decapsulated, c.passed, c.malformed, c.not_allowed, c.not_local, c.ce_not_ect, c.ecn_anomaly
-    )
+    );
+    if second_chance {
+        text += &format!(", hop_local {}, sent_on {}, exhausted {}, no_route {}", c.hop_local, c.sent_on, c.exhausted, c.no_route);
+    }
+    text
 }
 
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
@@ -110,7 +120,7 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     } else {
         allow.iter().map(|(addr, len)| format!("{addr}/{len}")).collect::<Vec<_>>().join(", ")
     };
-    let DecapArgs { iface, gue_port, xdp_mode: mode, stats_interval, .. } = a;
+    let DecapArgs { iface, gue_port, xdp_mode: mode, stats_interval, second_chance, .. } = a;
     check_privileges()?;
     let ifc = link::interface(&iface)?;
     if let Some(a) = link::attached(ifc.ifindex).with_context(|| format!("querying {}'s XDP program", ifc.name))? {
@@ -122,7 +132,7 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     mask.thread_block().context("blocking SIGINT and SIGTERM")?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("creating a signalfd")?;
 
-    let mut dp = Decap::load(gue_port)?;
+    let mut dp = Decap::load(gue_port, second_chance)?;
     dp.allow_from(&allow)?;
     let addrs = host_addresses()?;
     if addrs.is_empty() {
@@ -134,10 +144,11 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
         log("warning: --allow-any: packets from any source are unwrapped; anyone who reaches this host can send it packets with any source address");
     }
     log(format!(
-        "decapsulating IPIP and GUE (port {gue_port}) from {from} for this host's {} addresses on {} in {} mode: XDP program id {}, link id {}",
+        "decapsulating IPIP and GUE (port {gue_port}) from {from} for this host's {} addresses on {} in {} mode{}: XDP program id {}, link id {}",
         addrs.len(),
         ifc.name,
         xdp.mode.as_str(),
+        if second_chance { ", with second chance" } else { "" },
         xdp.prog_id,
         xdp.link_id
     ));
@@ -170,13 +181,13 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
             if now >= due {
                 next_stats = Some(due + interval);
                 let mut out = std::io::stdout().lock();
-                writeln!(out, "decap stats at {:.1}s: {}", (now - started).as_secs_f64(), counters_text(&dp.counters()?))?;
+                writeln!(out, "decap stats at {:.1}s: {}", (now - started).as_secs_f64(), counters_text(&dp.counters()?, second_chance))?;
                 out.flush()?;
             }
         }
     };
     drop(xdp);
-    log(format!("{stop}: detached from {}; {}", ifc.name, counters_text(&dp.counters()?)));
+    log(format!("{stop}: detached from {}; {}", ifc.name, counters_text(&dp.counters()?, second_chance)));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -149,7 +149,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             if json {
                 let services: Vec<serde_json::Value> =
-                    selected.iter().map(|s| report::table_json(s, &table::build_service(s))).collect();
+                    selected.iter().map(|s| report::table_json(s, &table::with_hops(s, table::build_service(s), pool.previous_of(s)))).collect();
                 serde_json::to_writer(&mut out, &serde_json::json!({ "services": services }))
                     .context("writing JSON")?;
                 writeln!(out)?;
@@ -158,7 +158,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     if i > 0 {
                         writeln!(out)?;
                     }
-                    write!(out, "{}", report::table_text(s, &table::build_service(s)))?;
+                    write!(out, "{}", report::table_text(s, &table::with_hops(s, table::build_service(s), pool.previous_of(s))))?;
                 }
             }
         }

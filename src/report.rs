@@ -33,6 +33,9 @@ pub fn service_summary(s: &Service) -> String {
         Forward::Ipip => line.push_str(" forward=ipip"),
         Forward::Gue => {
             let _ = write!(line, " forward=gue gue_port={}", s.gue_port);
+            if s.second_chance {
+                line.push_str(" second_chance=on");
+            }
         }
     }
     if live == 0 {
@@ -88,6 +91,15 @@ pub fn table_text(s: &Service, table: &Table) -> String {
     if empty > 0 {
         let _ = writeln!(out, "  empty slots: {empty} of {}", table.len());
     }
+    if s.second_chance {
+        let with = |k: usize| table.hops().iter().filter(|h| h[k] != crate::table::EMPTY).count();
+        let _ = writeln!(
+            out,
+            "  second chance: {} slots list their previous owner, {} a runner-up",
+            with(0),
+            with(1)
+        );
+    }
     let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
     let _ = writeln!(out, "  digest: {:016x}", crate::table::digest(table, &ids));
     out
@@ -133,6 +145,13 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
     });
     if s.algorithm == Algorithm::Bounded {
         v["load_bound"] = json!(s.load_bound as f64 / 1000.0);
+    }
+    if s.second_chance {
+        // Per slot, the backends besides its owner that a packet tries next, in order.
+        let name = |o: u32| (o != crate::table::EMPTY).then(|| ids[o as usize].clone());
+        let hops: Vec<Value> = table.hops().iter().map(|h| json!(h.iter().filter_map(|&o| name(o)).collect::<Vec<_>>())).collect();
+        v["second_chance"] = json!(true);
+        v["hops"] = json!(hops);
     }
     let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
     v["digest"] = json!(format!("{:016x}", crate::table::digest(table, &ids)));

@@ -37,12 +37,14 @@ const CASES: &[(&str, &str)] = &[
     ("multicast-vip.yaml", ":3:10: services[0].vip: 224.0.0.5 is a multicast address; expected a unicast address"),
     ("not-utf8.yaml", ":2:12: the file is not valid UTF-8"),
     ("port-out-of-range.yaml", ":4:11: services[0].port: expected an integer 1..=65535, found 70000"),
+    ("second-chance-on-ipip.yaml", ":6:20: services[0].second_chance: needs `forward: gue` (the hop list travels in the GUE header)"),
+    ("second-chance-udp.yaml", ":7:20: services[0].second_chance: applies to TCP services only (a backend cannot tell a UDP flow of its own)"),
     ("ring-too-large.yaml", ":8:7: services[0].backends: the ring would have 10010000 tokens (total weight 1001 x vnodes_per_weight 10000); the limit is 4194304: lower the weights or vnodes_per_weight"),
     ("services-not-a-list.yaml", ":2:3: services: expected a list of services, found a mapping"),
     ("slots-zero.yaml", ":6:12: services[0].slots: expected an integer 1..=1048576, found 0"),
     ("state-bad.yaml", ":6:38: services[0].backends[0].state: expected one of active | drain, found `down`"),
-    ("unknown-key.yaml", ":5:5: services[0].protocl: unknown key `protocl`; expected one of: name, vip, port, protocol, algorithm, slots, vnodes_per_weight, hash, backends, health_check, conntrack, forward, gue_port, load_bound"),
-    ("unknown-top-level-key.yaml", ":1:1: service: unknown key `service`; expected one of: services"),
+    ("unknown-key.yaml", ":5:5: services[0].protocl: unknown key `protocl`; expected one of: name, vip, port, protocol, algorithm, slots, vnodes_per_weight, hash, backends, health_check, conntrack, forward, gue_port, load_bound, second_chance"),
+    ("unknown-top-level-key.yaml", ":1:1: service: unknown key `service`; expected one of: services, previous"),
     ("unspecified-backend.yaml", ":8:18: services[0].backends[1].address: 0.0.0.0 is the unspecified address; expected a unicast address"),
     ("vnodes-on-maglev.yaml", ":7:24: services[0].vnodes_per_weight: applies to `algorithm: ring` only"),
     ("weight-float.yaml", ":9:17: services[0].backends[1].weight: expected an integer 0..=1000, found a float"),
@@ -64,6 +66,23 @@ fn every_bad_fixture_gives_its_error() {
     }
 }
 
+/// Fixtures whose error names another file than themselves: the previous pool's.
+const PREVIOUS_CASES: &[&str] = &["previous-missing.yaml", "previous-with-error.yaml"];
+
+#[test]
+fn a_previous_pool_that_cannot_be_read_or_is_invalid_is_named() {
+    let err = lb::config::load(&fixture("previous-missing.yaml")).expect_err("missing").to_string();
+    assert_eq!(
+        err,
+        format!("{}:1:11: previous: {}: no such file", fixture("previous-missing.yaml").display(), fixture("no-such-previous.yaml").display())
+    );
+    let err = lb::config::load(&fixture("previous-with-error.yaml")).expect_err("invalid").to_string();
+    assert_eq!(
+        err,
+        format!("{}:9:17: services[0].backends[1].weight: expected an integer 0..=1000, found -1", fixture("weight-negative.yaml").display())
+    );
+}
+
 #[test]
 fn every_fixture_in_the_folder_is_covered() {
     let mut on_disk: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/bad"))
@@ -72,7 +91,7 @@ fn every_fixture_in_the_folder_is_covered() {
         .filter(|n| n.ends_with(".yaml"))
         .collect();
     on_disk.sort();
-    let mut listed: Vec<String> = CASES.iter().map(|(n, _)| n.to_string()).collect();
+    let mut listed: Vec<String> = CASES.iter().map(|(n, _)| n.to_string()).chain(PREVIOUS_CASES.iter().map(|n| n.to_string())).collect();
     listed.sort();
     assert_eq!(on_disk, listed);
 }

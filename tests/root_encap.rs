@@ -483,7 +483,7 @@ fn lb_sources() -> [(IpAddr, u8); 2] {
 /// (one program stands for them all), and so are the VIPs and the loopback's own addresses,
 /// on lo as scripts/backend-setup.sh puts them; packets are allowed from `allow`.
 fn decap(allow: &[(IpAddr, u8)]) -> Decap {
-    let mut de = Decap::load(6081).expect("load decap");
+    let mut de = Decap::load(6081, false).expect("load decap");
     de.allow_from(allow).expect("allow");
     let backends = ["10.1.0.11", "10.1.0.12", "10.1.0.13", "10.1.0.21", "10.1.0.22", "10.1.0.23", "fd01::11", "fd01::12", "10.1.0.31"];
     let lo = ["127.0.0.1", "::1", "10.99.0.100", "10.99.0.101", "10.99.0.102", "fd00::100", "fd00::101"];

@@ -657,7 +657,7 @@ pub fn run(seed: u64, secs: f64, count: Option<u64>) -> (u64, [u64; 5], Checked)
     };
     // lb decap as the pool's backends run it: their addresses and the VIPs are local, lb's
     // encapsulation sources are allowed.
-    let mut de = Decap::load(6080).expect("load decap");
+    let mut de = Decap::load(6080, false).expect("load decap");
     de.allow_from(&[(ip("10.99.0.0"), 24), (ip("fd99::2"), 128)]).expect("allow");
     let locals: Vec<IpAddr> = pool.services.iter().flat_map(|s| s.backends.iter().map(|b| b.address).chain([s.vip])).collect();
     de.set_local(&locals).expect("local");

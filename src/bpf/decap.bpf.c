@@ -16,7 +16,16 @@
  *
  * The outer header's ECN field is not thrown away with it (RFC 6040, section 4.2): lb copies a
  * packet's ECN field to the outer header it adds, so a router between lb and this host that is
- * congested marks the outer header CE, and that mark must reach the inner packet's receiver. */
+ * congested marks the outer header CE, and that mark must reach the inner packet's receiver.
+ *
+ * Second chance (`lb decap --second-chance`): a GUE packet from lb may carry a hop list (lb.h,
+ * struct lb_gue_hops), the other backends that may hold its connection. A TCP packet that is
+ * not a SYN, for which this host has no socket and which is not the ACK of one of its SYN
+ * cookies, goes on to the next hop instead of being unwrapped: the outer header re-addressed
+ * from this host to the hop, the list's index advanced, out through the route to it
+ * (bpf_fib_lookup) to its next hop's MAC. The list only shrinks, so a packet cannot loop; the
+ * last backend delivers it whatever it finds. Only packets that passed the checks above are
+ * sent on, so the allow-list guards them too. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -56,6 +65,20 @@ struct {
 
 /* The GUE port (network order), set by user space before loading. */
 const volatile __be16 gue_port = 0;
+/* 1: `--second-chance`, set by user space before loading. */
+const volatile __u8 second_chance = 0;
+
+/* A second-chance hop list found in a GUE version 0 header: where its block (struct
+ * lb_gue_hops) starts, as an offset from the frame's start (0: none). */
+struct hops_at {
+	__u32 off;
+	__u8 next;
+	__u8 count;
+};
+
+/* Address families as bpf_fib_lookup() takes them. */
+#define AF_INET_ 2
+#define AF_INET6_ 10
 
 const volatile enum lb_decap_stat lb_decap_stat_btf = LB_DECAP_STAT_MAX;
 
@@ -117,7 +140,7 @@ static __always_inline int ecn_anomalous(__u8 outer, __u8 inner)
 
 /* What follows the outer IP header: how many more bytes to strip and the inner family.
  * Returns 1 (decapsulate), 0 (not ours: pass) or -1 (ours but malformed: drop). */
-static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, __u8 *family)
+static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, __u8 *family, __u8 outer, void *data, struct hops_at *hops)
 {
 	if (proto == IPPROTO_IPIP_ || proto == IPPROTO_IPV6_) {
 		*family = proto == IPPROTO_IPIP_ ? LB_FAMILY_V4 : LB_FAMILY_V6;
@@ -165,6 +188,22 @@ static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, 
 			if (hlen && !take(c, hlen))
 				return -1;
 			*strip += 4 + hlen;
+			/* No flags: the options are all private data, which may be a hop list whose
+			 * size is exactly the header's; anything else is skipped. */
+			if (second_chance && hlen >= sizeof(struct lb_gue_hops) && h[2] == 0 && h[3] == 0) {
+				struct lb_gue_hops *gh = (void *)(h + 4);
+				__u32 each = outer == LB_FAMILY_V4 ? 4 : 16;
+				__u16 type = outer == LB_FAMILY_V4 ? LB_GUE_HOPS_V4 : LB_GUE_HOPS_V6;
+
+				if ((void *)(gh + 1) > c->end)
+					return -1;
+				if (bpf_ntohs(gh->type) == type && gh->count <= LB_GUE_MAX_HOPS &&
+				    hlen == sizeof(*gh) + gh->count * each) {
+					hops->off = (void *)gh - data;
+					hops->next = gh->next;
+					hops->count = gh->count;
+				}
+			}
 			return 1;
 		}
 		default:
@@ -174,12 +213,179 @@ static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, 
 	return 0;
 }
 
+/* Whether this host holds the connection of the TCP segment `th` in the inner packet `iph` (of
+ * `family`, `iph_len` bytes of header): a socket other than a listener (established, closing,
+ * a request socket of a handshake under way, TIME_WAIT), or, with only a listener, the ACK that
+ * completes a handshake answered with one of this host's SYN cookies. */
+static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *th, __u8 family)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	int mine = 0;
+
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = iph;
+
+		t.ipv4.saddr = in->saddr;
+		t.ipv4.daddr = in->daddr;
+		t.ipv4.sport = th->source;
+		t.ipv4.dport = th->dest;
+		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	} else {
+		struct ipv6hdr *in = iph;
+
+		__builtin_memcpy(t.ipv6.saddr, &in->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, &in->daddr, 16);
+		t.ipv6.sport = th->source;
+		t.ipv6.dport = th->dest;
+		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	}
+	if (!sk)
+		return 0;
+	if (sk->state != BPF_TCP_LISTEN)
+		mine = 1;
+	else if (th->ack && !th->syn && !th->rst)
+		mine = (family == LB_FAMILY_V4 ? bpf_tcp_raw_check_syncookie_ipv4(iph, th)
+					       : bpf_tcp_raw_check_syncookie_ipv6(iph, th)) == 0;
+	bpf_sk_release(sk);
+	return mine;
+}
+
+/* Second chance for a packet whose hop list is at `h` and whose inner packet (of `family`) is
+ * at l3 + strip, the outer header (of `outer`) at l3: an XDP action when the packet was sent on
+ * (or dropped), -1 when it is for this host. */
+static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __u32 strip, __u8 family, __u8 outer,
+					      const struct hops_at *h)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	void *l3 = data + l2len, *inner = l3 + strip;
+	struct bpf_fib_lookup fib = {};
+	struct lb_gue_hops *gh;
+	struct tcphdr *th;
+	__u32 hop[4] = {}, here[4] = {};
+	__u8 nh;
+	int rc;
+
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = inner;
+
+		if ((void *)(in + 1) > end)
+			return -1;
+		nh = in->protocol;
+		th = inner + in->ihl * 4;
+	} else {
+		struct ipv6hdr *in = inner;
+
+		if ((void *)(in + 1) > end)
+			return -1;
+		nh = in->nexthdr;
+		th = (void *)(in + 1);
+	}
+	/* Not TCP (UDP has no connection to look for), or a SYN: here. */
+	if (nh != IPPROTO_TCP || (void *)(th + 1) > end || (th->syn && !th->ack))
+		return dcount(LB_DECAP_HOP_LOCAL, -1);
+	if (family == LB_FAMILY_V4 ? (void *)((struct iphdr *)inner + 1) > end : (void *)((struct ipv6hdr *)inner + 1) > end)
+		return -1;
+	if (holds(ctx, inner, th, family))
+		return dcount(LB_DECAP_HOP_LOCAL, -1);
+	if (h->next >= h->count || h->next >= LB_GUE_MAX_HOPS)
+		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
+	gh = data + (h->off & 0xff);
+	if ((void *)(gh + 1) > end)
+		return -1;
+	if (outer == LB_FAMILY_V4) {
+		__be32 *a = (void *)(gh + 1) + (h->next & 3) * 4;
+
+		if ((void *)(a + 1) > end)
+			return -1;
+		hop[0] = *a;
+	} else {
+		__be32 *a = (void *)(gh + 1) + (h->next & 3) * 16;
+
+		if ((void *)(a + 4) > end)
+			return -1;
+		__builtin_memcpy(hop, a, 16);
+	}
+	/* The next hop is this host: the list led back here (never by lb's hand). */
+	if (is_local(hop, outer))
+		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
+	fib.ifindex = ctx->ingress_ifindex;
+	fib.l4_protocol = IPPROTO_UDP;
+	if (outer == LB_FAMILY_V4) {
+		struct iphdr *ip = l3;
+
+		if ((void *)(ip + 1) > end)
+			return -1;
+		if (ip->ttl <= 1)
+			return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
+		fib.family = AF_INET_;
+		fib.tos = ip->tos;
+		fib.tot_len = bpf_ntohs(ip->tot_len);
+		fib.ipv4_src = ip->daddr;
+		fib.ipv4_dst = hop[0];
+	} else {
+		struct ipv6hdr *ip6 = l3;
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		if (ip6->hop_limit <= 1)
+			return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
+		fib.family = AF_INET6_;
+		fib.tot_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		__builtin_memcpy(fib.ipv6_src, &ip6->daddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, hop, 16);
+	}
+	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
+	/* Sent on: from this host (the address the packet came to) to the hop, one hop fewer to
+	 * live, the list's index past it. The UDP checksum is zero, as lb sends it. */
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	l3 = data + l2len;
+	gh = data + (h->off & 0xff);
+	if ((void *)(gh + 1) > end || data + 14 > end)
+		return -1;
+	gh->next = h->next + 1;
+	if (outer == LB_FAMILY_V4) {
+		struct iphdr *ip = l3;
+		struct udphdr *udp = (void *)(ip + 1);
+
+		if ((void *)(udp + 1) > end)
+			return -1;
+		ip->saddr = ip->daddr;
+		ip->daddr = hop[0];
+		ip->ttl--;
+		ip->check = 0;
+		ip->check = ipv4_csum(ip);
+		udp->check = 0;
+	} else {
+		struct ipv6hdr *ip6 = l3;
+		struct udphdr *udp = (void *)(ip6 + 1);
+
+		if ((void *)(udp + 1) > end)
+			return -1;
+		__builtin_memcpy(here, &ip6->daddr, 16);
+		__builtin_memcpy(&ip6->saddr, here, 16);
+		__builtin_memcpy(&ip6->daddr, hop, 16);
+		ip6->hop_limit--;
+		udp->check = 0;
+	}
+	__builtin_memcpy(data, fib.dmac, 6);
+	__builtin_memcpy(data + 6, fib.smac, 6);
+	dcount(LB_DECAP_HOP_SENT_ON, 0);
+	if (fib.ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(fib.ifindex, 0);
+}
+
 SEC("xdp")
 int lb_decap(struct xdp_md *ctx)
 {
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	__u32 l2len = sizeof(struct ethhdr), strip, a[4] = {}, tag = 0;
-	__u8 family = 0, macs[12], outer_ecn;
+	__u8 family = 0, outer = 0, macs[12], outer_ecn;
+	struct hops_at hops = {};
 	struct ethhdr *eth;
 	void *data, *l3;
 	__u16 proto;
@@ -214,7 +420,8 @@ int lb_decap(struct xdp_md *ctx)
 			return dcount(LB_DECAP_PASSED, XDP_PASS);
 		hlen = sizeof(*ip);
 		strip = hlen;
-		verdict = inner_of(&c, ip->protocol, &strip, &family);
+		outer = LB_FAMILY_V4;
+		verdict = inner_of(&c, ip->protocol, &strip, &family, outer, (void *)eth, &hops);
 		if (verdict == 0)
 			return dcount(LB_DECAP_PASSED, XDP_PASS);
 		a[0] = ip->saddr;
@@ -235,7 +442,8 @@ int lb_decap(struct xdp_md *ctx)
 		if (!is_local(a, LB_FAMILY_V6))
 			return dcount(LB_DECAP_PASSED, XDP_PASS);
 		strip = sizeof(*ip6);
-		verdict = inner_of(&c, ip6->nexthdr, &strip, &family);
+		outer = LB_FAMILY_V6;
+		verdict = inner_of(&c, ip6->nexthdr, &strip, &family, outer, (void *)eth, &hops);
 		if (verdict == 0)
 			return dcount(LB_DECAP_PASSED, XDP_PASS);
 		__builtin_memcpy(a, &ip6->saddr, 16);
@@ -262,6 +470,18 @@ int lb_decap(struct xdp_md *ctx)
 		d[0] = in->daddr;
 		if (!is_local(d, LB_FAMILY_V4))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+		if (hops.off) {
+			int act = second_chance_for(ctx, l2len, strip, family, outer, &hops);
+
+			if (act >= 0)
+				return act;
+		}
+		/* Read again: second chance may have looked the packet's socket up. */
+		l3 = (void *)(long)ctx->data + l2len;
+		c.end = (void *)(long)ctx->data_end;
+		in = l3 + strip;
+		if ((void *)(in + 1) > c.end)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
 		anomaly = ecn_anomalous(outer_ecn, in->tos & 3);
 		ecn = ecn_decap(outer_ecn, in->tos & 3);
 		if (ecn < 0)
@@ -286,6 +506,18 @@ int lb_decap(struct xdp_md *ctx)
 		__builtin_memcpy(d, &in->daddr, 16);
 		if (!is_local(d, LB_FAMILY_V6))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+		if (hops.off) {
+			int act = second_chance_for(ctx, l2len, strip, family, outer, &hops);
+
+			if (act >= 0)
+				return act;
+		}
+		/* Read again: second chance may have looked the packet's socket up. */
+		l3 = (void *)(long)ctx->data + l2len;
+		c.end = (void *)(long)ctx->data_end;
+		in = l3 + strip;
+		if ((void *)(in + 1) > c.end)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
 		anomaly = ecn_anomalous(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
 		ecn = ecn_decap(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
 		if (ecn < 0)

@@ -10,7 +10,9 @@
  * GUE is version 1 ("direct IP", RFC draft-ietf-intarea-gue section 4): the UDP payload is the
  * inner IP packet itself, which Linux's fou in gue mode decapsulates; its UDP source port comes
  * from the flow hash and its checksum is zero (no payload to cover but the inner packet, whose
- * own checksums stand). */
+ * own checksums stand). A second-chance service's packet whose slot has other live backends
+ * that may hold its connection is GUE version 0 instead, carrying them as a hop list in its
+ * private data (lb.h, struct lb_gue_hops) for the backend's `lb decap --second-chance`. */
 #ifndef LB_ENCAP_H
 #define LB_ENCAP_H
 
@@ -22,14 +24,115 @@ static __always_inline __u8 outer_proto(__u32 forward, __u8 family)
 	return family == LB_FAMILY_V4 ? IPPROTO_IPIP_ : IPPROTO_IPV6_;
 }
 
-/* The GUE header (a UDP header) behind the outer IP header at `udp`. */
-static __always_inline void write_gue(struct udphdr *udp, const struct pkt *p, __be16 port)
+/* The GUE header (a UDP header) behind the outer IP header at `udp`; `extra`: the bytes of a
+ * GUE version 0 header and hop list between it and the inner packet. */
+static __always_inline void write_gue(struct udphdr *udp, const struct pkt *p, __be16 port, __u32 extra)
 {
 	/* Ephemeral range (49152..65535), 14 bits from the hash's upper half. */
 	udp->source = bpf_htons(0xc000 | ((p->hash >> 16) & 0x3fff));
 	udp->dest = port;
-	udp->len = bpf_htons(sizeof(*udp) + p->l3len);
+	udp->len = bpf_htons(sizeof(*udp) + extra + p->l3len);
 	udp->check = 0;
+}
+
+/* Second chance: the backends besides `id` that may hold the packet's connection, whose outer
+ * address is of `family` (a hop of the other family cannot be reached in this outer header and
+ * is left out): its slot's owner (when a flow entry sends the packet elsewhere), then the
+ * slot's hops from table_hops, each once, each still alive. Returned packed, the count in the
+ * low 16 bits and up to three 16-bit ids above it (ids are below LB_MAX_BACKENDS), so that the
+ * list lives in a register and not on the program's stack, which is at the verifier's limit. */
+static __always_inline int hop_usable(__u32 c, __u32 id, __u8 family)
+{
+	struct lb_backend *be;
+	struct lb_addr *a;
+
+	if (c == 0 || c == id)
+		return 0;
+	be = bpf_map_lookup_elem(&backends, &c);
+	a = bpf_map_lookup_elem(&backend_addrs, &c);
+	return be && (be->flags & LB_BACKEND_ALIVE) && a && a->family == family;
+}
+
+static __always_inline __u64 hop_add(__u64 list, __u32 c)
+{
+	__u32 n = list & 0xffff;
+
+	return (list + 1) | (__u64)(c & 0xffff) << (16 * (n + 1));
+}
+
+static __noinline __u64 hop_list(__u32 slot, __u32 id, __u32 family)
+{
+	__u32 half = slot >> 1, owner = 0, first = 0, second = 0;
+	struct lb_slot_pair *pair = bpf_map_lookup_elem(&table_slots, &half);
+	struct lb_hop_pair *hp = bpf_map_lookup_elem(&table_hops, &half);
+	__u64 list = 0;
+
+	if (pair)
+		owner = pair->id[slot & 1];
+	if (hp) {
+		first = hp->slot[slot & 1].id[0];
+		second = hp->slot[slot & 1].id[1];
+	}
+	if (hop_usable(owner, id, family))
+		list = hop_add(list, owner);
+	if (first != owner && hop_usable(first, id, family))
+		list = hop_add(list, first);
+	if (second != owner && second != first && hop_usable(second, id, family))
+		list = hop_add(list, second);
+	return list;
+}
+
+/* The bytes a hop list of `n` hops takes behind the UDP header: the GUE version 0 header, the
+ * private block's header and the hops. 0 without hops: the packet is then GUE version 1. */
+static __always_inline __u32 hops_len(__u32 n, __u8 family)
+{
+	if (n == 0)
+		return 0;
+	return 4 + sizeof(struct lb_gue_hops) + n * (family == LB_FAMILY_V4 ? 4 : 16);
+}
+
+/* Writes the GUE version 0 header and the hop list `list` (hop_list()) at `at`, right behind
+ * the UDP header. */
+static __always_inline int write_hops(struct xdp_md *ctx, __u8 *at, __u64 list, __u8 family, __u8 inner_family)
+{
+	void *end = (void *)(long)ctx->data_end;
+	struct lb_gue_hops *gh = (void *)(at + 4);
+	__u32 n = list & 0xffff, len = hops_len(n, family);
+
+	if ((void *)(gh + 1) > end)
+		return -1;
+	at[0] = (len - 4) / 4; /* version 0, C 0, header length in words past the first */
+	at[1] = inner_family == LB_FAMILY_V4 ? IPPROTO_IPIP_ : IPPROTO_IPV6_;
+	at[2] = 0;
+	at[3] = 0;
+	gh->type = bpf_htons(family == LB_FAMILY_V4 ? LB_GUE_HOPS_V4 : LB_GUE_HOPS_V6);
+	gh->next = 0;
+	gh->count = n;
+#pragma unroll
+	for (__u32 i = 0; i < LB_GUE_MAX_HOPS; i++) {
+		__u32 c = (list >> (16 * (i + 1))) & 0xffff;
+		struct lb_addr *a;
+
+		if (i >= n)
+			break;
+		a = bpf_map_lookup_elem(&backend_addrs, &c);
+		if (!a)
+			return -1;
+		if (family == LB_FAMILY_V4) {
+			__be32 *to = (void *)(gh + 1) + i * 4;
+
+			if ((void *)(to + 1) > end)
+				return -1;
+			*to = a->addr[0];
+		} else {
+			__be32 *to = (void *)(gh + 1) + i * 16;
+
+			if ((void *)(to + 4) > end)
+				return -1;
+			__builtin_memcpy(to, a->addr, 16);
+		}
+	}
+	return 0;
 }
 
 /* Sends the packet at p to backend `id` (record `be`: the next hop's MAC) inside an outer
@@ -42,13 +145,18 @@ static __always_inline int encap(struct pkt *p, const struct lb_service *svc, __
 	__u32 gue = svc->forward == LB_FWD_GUE ? sizeof(struct udphdr) : 0;
 	__be16 gue_port = svc->gue_port;
 	struct l2_saved l2 = {};
-	__u32 overhead, frame;
+	__u64 hops = 0;
+	__u32 overhead, frame, extra = 0;
 	__u8 proto, mac[6];
 	void *data, *end;
 
 	if (!to || (to->family != LB_FAMILY_V4 && to->family != LB_FAMILY_V6))
 		return count(LB_DROP_ENCAP, XDP_DROP);
-	overhead = (to->family == LB_FAMILY_V4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + gue;
+	if (gue && (svc->flags & LB_SVC_SECOND_CHANCE) && svc->slots) {
+		hops = hop_list(svc->base + p->hash % svc->slots, id, to->family);
+		extra = hops_len(hops & 0xffff, to->family);
+	}
+	overhead = (to->family == LB_FAMILY_V4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + gue + extra;
 	/* An MTU smaller than the overhead leaves the client no room at all (and must not wrap). */
 	if (lb_settings.mtu && p->l3len + overhead > lb_settings.mtu)
 		return too_big(p, lb_settings.mtu > overhead ? lb_settings.mtu - overhead : 0);
@@ -86,7 +194,9 @@ static __always_inline int encap(struct pkt *p, const struct lb_service *svc, __
 		ip->daddr = to->addr[0];
 		ip->check = ipv4_csum(ip);
 		if (gue)
-			write_gue((void *)(ip + 1), p, gue_port);
+			write_gue((void *)(ip + 1), p, gue_port, extra);
+		if (extra && write_hops(ctx, (void *)(ip + 1) + sizeof(struct udphdr), hops, LB_FAMILY_V4, p->family))
+			return count(LB_DROP_ENCAP, XDP_DROP);
 	} else {
 		struct ipv6hdr *ip6 = l2_write(ctx, l2len, mac, lb_settings.ifmac, l2.tag, bpf_htons(ETH_P_IPV6),
 					       sizeof(struct ipv6hdr) + sizeof(struct udphdr));
@@ -95,14 +205,16 @@ static __always_inline int encap(struct pkt *p, const struct lb_service *svc, __
 		if (!ip6)
 			return count(LB_DROP_ENCAP, XDP_DROP);
 		*(__be32 *)ip6 = bpf_htonl(0x60000000 | (__u32)p->tos << 20 | (p->hash & 0xfffff));
-		ip6->payload_len = bpf_htons(p->l3len + gue);
+		ip6->payload_len = bpf_htons(p->l3len + gue + extra);
 		ip6->nexthdr = proto;
 		ip6->hop_limit = 64;
 		__builtin_memcpy(&ip6->saddr, lb_settings.encap_src6, 12);
 		ip6->saddr.in6_u.u6_addr32[3] = (lb_settings.encap_src6[3] & ~vary) | (p->hash & vary);
 		__builtin_memcpy(&ip6->daddr, to->addr, 16);
 		if (gue)
-			write_gue((void *)(ip6 + 1), p, gue_port);
+			write_gue((void *)(ip6 + 1), p, gue_port, extra);
+		if (extra && write_hops(ctx, (void *)(ip6 + 1) + sizeof(struct udphdr), hops, LB_FAMILY_V6, p->family))
+			return count(LB_DROP_ENCAP, XDP_DROP);
 	}
 	add_traffic(id, p->bytes);
 	p->sent = 1;

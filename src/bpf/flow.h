@@ -352,6 +352,32 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
 	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
 }
 
+/* The backend a second-chance service's flow picked up in mid-connection is tracked to, when
+ * not the table's: its slot's first hop (the slot's owner in the previous pool) while that
+ * backend lives, else 0. A connection this node has never seen, on a slot that changed owner,
+ * most likely began before the change; its packets carry the slot's owner in their hop list in
+ * case it did not, and there the backend's second chance sends them on. Passed to ct_choose()
+ * in the high half of `proto_flags`. */
+static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
+{
+	__u32 slot, half, hop;
+	struct lb_hop_pair *hp;
+	struct lb_backend *be;
+
+	if (svc->slots == 0 || svc->forward != LB_FWD_GUE || !(svc->flags & LB_SVC_SECOND_CHANCE))
+		return 0;
+	slot = svc->base + hash % svc->slots;
+	half = slot >> 1;
+	hp = bpf_map_lookup_elem(&table_hops, &half);
+	if (!hp)
+		return 0;
+	hop = hp->slot[slot & 1].id[0];
+	if (hop == 0)
+		return 0;
+	be = bpf_map_lookup_elem(&backends, &hop);
+	return be && (be->flags & LB_BACKEND_ALIVE) && (be->flags & LB_BACKEND_MAC_KNOWN) ? hop : 0;
+}
+
 /* Connection tracking, for a flow with keyed tag `tag` and flow hash `hash` of a service whose
  * destination table is `table` (its base in the high half, its size in the low one), `proto`
  * and the TCP flags in `proto_flags`' low two bytes: the backend id the packet goes to, or 0
@@ -381,6 +407,10 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	int rst = proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST);
 	/* A packet that may start a flow: a SYN, or any UDP datagram without an entry. */
 	int first = syn || proto == IPPROTO_UDP;
+	/* A TCP packet in mid-connection with no entry here (the flow began on another node, or
+	 * before this one started): adopted, tracked from now on like a flow's first packet, so a
+	 * later change of its slot does not move it. Never an RST, which ends what it touches. */
+	int adopt = proto == IPPROTO_TCP && !syn && !rst;
 	__u32 pflags = (proto == IPPROTO_UDP ? LB_FLOW_UDP : 0) | (rst ? LB_FLOW_RESET : 0);
 	struct lb_flow *e, *pe;
 	struct flow_word f;
@@ -472,7 +502,9 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		id = pick_in(table >> 32, (__u32)table, hash);
 		if (id == 0)
 			return 0;
-		if (first) {
+		if (adopt && (proto_flags >> 16))
+			id = proto_flags >> 16;
+		if (first || adopt) {
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
 			flow_put(&flow_pending, pmask, 1, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
 			count(LB_CT_PENDING, 0);
@@ -482,7 +514,9 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	id = pick_in(table >> 32, (__u32)table, hash);
 	if (id == 0)
 		return 0;
-	if (first) {
+	if (adopt && (proto_flags >> 16))
+		id = proto_flags >> 16;
+	if (first || adopt) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
 		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now) > 0)
 			count(LB_CT_EVICTED, 0);
@@ -494,7 +528,9 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 /* ct_choose() for a packet of `svc` whose flow hash is p->hash: the backend id, or 0. */
 static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
 {
-	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8);
+	__u32 hop = tcp_flags & TCP_FLAG_SYN ? 0 : adopt_hop(svc, p->hash);
+
+	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
 }
 
 /* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its

@@ -85,7 +85,9 @@ struct lb_addr {
 };
 
 enum lb_service_flags {
-	LB_SVC_CONNTRACK = 1, /* established flows keep their backend through the flows map */
+	LB_SVC_CONNTRACK = 1,     /* established flows keep their backend through the flows map */
+	LB_SVC_SECOND_CHANCE = 2, /* GUE only: each packet carries the other backends that may hold
+				   * its connection (a hop list, struct lb_gue_hops), from table_hops */
 };
 
 /* The flow table: which backend each tracked flow started on. A set-associative array rather
@@ -152,6 +154,36 @@ struct lb_flow_key {
 /* Value of the table_slots array: the backend ids of two consecutive slots (0 = empty). */
 struct lb_slot_pair {
 	__u32 id[2];
+};
+
+/* Second chance: for each slot of a destination table, up to two backends besides the slot's
+ * owner that may hold a connection hashed to it (0 = none): the slot's owner in the previous
+ * pool's table, then its owner in the table built without its current owner (docs/fleet.md,
+ * "Second chance"). The control plane computes them with the table; the program only copies
+ * the live ones into the packet. */
+struct lb_hops {
+	__u16 id[2];
+};
+
+/* Value of the table_hops array: the hops of two consecutive slots, as in table_slots. */
+struct lb_hop_pair {
+	struct lb_hops slot[2];
+};
+
+/* The GUE private data of a second-chance packet: GUE version 0, no flags, the header length
+ * covering this block and its hops, which follow it (4 bytes each for IPv4, 16 for IPv6, in the
+ * outer header's family). The layout follows GLB's published hop list (type 0: IPv4 hops); the
+ * IPv6 type is lb's own. The outer destination is the first hop and is not listed; `next` is the
+ * index of the hop to try after this one (0 from lb), `count` the number listed. */
+enum lb_gue_hops_layout {
+	LB_GUE_HOPS_V4 = 0,
+	LB_GUE_HOPS_V6 = 0x4c36, /* "L6" */
+	LB_GUE_MAX_HOPS = 3,
+};
+struct lb_gue_hops {
+	__be16 type; /* enum lb_gue_hops_layout, network order */
+	__u8 next;
+	__u8 count;
 };
 
 /* Value of the backends array, indexed by backend id. Id 0 is never used: an empty slot holds 0.
@@ -284,6 +316,14 @@ enum lb_decap_stat {
 	LB_DECAP_ECN_ANOMALY, /* decapsulated (and counted so too), but with an ECN combination that
 			       * RFC 6040 says no compliant path produces, and asks to be logged: an
 			       * ECT outer over a Not-ECT inner, or ECT(1) outer over a CE inner */
+	LB_DECAP_HOP_LOCAL,    /* second chance (`--second-chance`): a packet with a hop list kept
+				* here: a SYN, not TCP, a connection or SYN cookie of this host */
+	LB_DECAP_HOP_SENT_ON,  /* second chance: a TCP packet for no connection of this host, sent on to
+				* the next hop of its list (not decapsulated here) */
+	LB_DECAP_HOP_EXHAUSTED, /* second chance: no connection here and no hop left (or the next hop
+				 * is this host): delivered here all the same */
+	LB_DECAP_HOP_NO_ROUTE, /* second chance: the next hop has no route or no resolved neighbour:
+				* delivered here */
 	LB_DECAP_STAT_MAX,
 };
 

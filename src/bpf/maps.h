@@ -47,6 +47,17 @@ struct {
 	__type(value, struct lb_slot_pair);
 } table_slots SEC(".maps");
 
+/* The second-chance hops of every slot of table_slots, at the same index (lb.h, struct
+ * lb_hops): read only for a service with LB_SVC_SECOND_CHANCE. Sized and written like
+ * table_slots (one aligned 4-byte store a slot). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_hop_pair);
+} table_hops SEC(".maps");
+
 /* Backend id -> its generation, bumped each time the id is given to a backend. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -134,6 +145,7 @@ const volatile enum lb_vip_index_layout lb_vip_index_layout_btf = LB_VIP_INDEX_B
 const volatile enum lb_service_flags lb_service_flags_btf = LB_SVC_CONNTRACK;
 const volatile enum lb_flow_table_layout lb_flow_table_layout_btf = LB_FLOW_WAYS;
 const volatile enum lb_forward lb_forward_btf = LB_FWD_L2;
+const volatile enum lb_gue_hops_layout lb_gue_hops_layout_btf = LB_GUE_HOPS_V4;
 
 static __always_inline int count(__u32 stat, int action)
 {

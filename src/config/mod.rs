@@ -197,6 +197,9 @@ pub struct Service {
     pub forward: Forward,
     /// The outer UDP destination port under `forward: gue`.
     pub gue_port: u16,
+    /// `second_chance: on` (GUE, TCP): packets carry a hop list of the other backends that may
+    /// hold their connection, for the backends' `lb decap --second-chance`.
+    pub second_chance: bool,
 }
 
 /// How a service's backends are probed (`health_check:`).
@@ -251,11 +254,21 @@ impl Service {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pool {
     pub services: Vec<Service>,
+    /// `previous:`, the pool the fleet served before this one, as its file says (relative to
+    /// this file's directory), and that pool: where second-chance services find which backend
+    /// held each slot before (its own `previous:` is not followed).
+    pub previous_file: Option<PathBuf>,
+    pub previous: Option<Box<Pool>>,
 }
 
 impl Pool {
     pub fn service(&self, name: &str) -> Option<&Service> {
         self.services.iter().find(|s| s.name == name)
+    }
+
+    /// The service named like `s` in the previous pool, if there is one.
+    pub fn previous_of(&self, s: &Service) -> Option<&Service> {
+        self.previous.as_deref().and_then(|p| p.service(&s.name))
     }
 }
 
@@ -341,7 +354,28 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
         return Err(whole(None, None, "the file is empty; expected a mapping with a `services` list".to_string()));
     }
     let doc = yaml::parse(text).map_err(|e| whole(e.line, e.column, format!("invalid YAML: {}", e.message)))?;
-    validate::pool(path, &doc)
+    let mut pool = validate::pool(path, &doc)?;
+    if let Some(file) = &pool.previous_file {
+        let at = path.parent().unwrap_or(Path::new("")).join(file);
+        let field = |message: String| field_error(path, text, "previous", message);
+        let meta = std::fs::metadata(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
+        if meta.is_dir() {
+            return Err(field(format!("{}: is a directory, expected a YAML file", at.display())));
+        }
+        let bytes = std::fs::read(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| field(format!("{}: the file is not valid UTF-8", at.display())))?;
+        let doc = yaml::parse(text).map_err(|e| ConfigError {
+            file: at.clone(),
+            line: e.line,
+            column: e.column,
+            field: String::new(),
+            message: format!("invalid YAML: {}", e.message),
+        })?;
+        // One step back only: the previous file's own `previous:` is read but not followed.
+        let previous = validate::pool(&at, &doc)?;
+        pool.previous = Some(Box::new(Pool { services: previous.services, previous_file: None, previous: None }));
+    }
+    Ok(pool)
 }
 
 /// Validates a string (handy for tests and for error messages about in-memory text).
@@ -406,6 +440,23 @@ mod tests {
         assert_eq!(s.hash, HashMode::ClientIp);
         assert_eq!(s.backends[0].weight, 1);
         assert_eq!(s.backends[0].identity(), "10.99.0.11");
+    }
+
+    #[test]
+    fn a_previous_pool_is_read_beside_the_file_one_step_back() {
+        let dir = std::env::temp_dir().join(format!("lb-previous-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let body = "services:\n  - {name: web, vip: 10.99.0.100, port: 80, forward: gue, second_chance: on, backends: [10.1.0.1, 10.1.0.2]}\n";
+        // Made the way operators will: a copy of the pool, `previous:` line and all.
+        let old = format!("previous: pool.prev.yaml\n{}", body.replace(", 10.1.0.2", ""));
+        std::fs::write(dir.join("pool.prev.yaml"), &old).unwrap();
+        std::fs::write(dir.join("pool.yaml"), format!("previous: pool.prev.yaml\n{body}")).unwrap();
+        let pool = load(&dir.join("pool.yaml")).expect("valid");
+        let prev = pool.previous.as_deref().expect("the previous pool");
+        assert_eq!(prev.services[0].backends.len(), 1);
+        assert!(prev.previous.is_none(), "its own previous: is not followed");
+        assert_eq!(pool.previous_of(&pool.services[0]).map(|s| s.name.as_str()), Some("web"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -40,6 +40,16 @@ pub struct DecapCounters {
     /// Decapsulated packets (counted there too) whose ECN fields were a combination RFC 6040
     /// says no compliant path produces: an ECT outer over a Not-ECT inner, or ECT(1) over CE.
     pub ecn_anomaly: u64,
+    /// Second chance: packets with a hop list kept here (a SYN, not TCP, a connection or SYN
+    /// cookie of this host); decapsulated, and counted there too.
+    pub hop_local: u64,
+    /// Second chance: packets for no connection of this host, sent on to the next hop.
+    pub sent_on: u64,
+    /// Second chance: packets for no connection here whose list was used up (or led back
+    /// here): decapsulated here all the same.
+    pub exhausted: u64,
+    /// Second chance: packets whose next hop had no route or neighbour: decapsulated here.
+    pub no_route: u64,
 }
 
 /// Every address of either family: what `lb decap --allow-any` allows.
@@ -52,13 +62,16 @@ pub struct Decap {
 }
 
 impl Decap {
-    /// Opens and loads the program, decapsulating GUE sent to `gue_port`. Nothing is attached.
-    pub fn load(gue_port: u16) -> Result<Decap> {
+    /// Opens and loads the program, decapsulating GUE sent to `gue_port`, with second chance
+    /// (hop lists followed) or without. Nothing is attached.
+    pub fn load(gue_port: u16, second_chance: bool) -> Result<Decap> {
         // One per process: leaking the small holder is simpler than a self-referential struct.
         let object = Box::leak(Box::new(MaybeUninit::uninit()));
         let open = DecapSkelBuilder::default().open(object).context("opening the decapsulation BPF object")?;
         let mut open = open;
-        open.maps.rodata_data.as_deref_mut().context("the program's .rodata is not mapped")?.gue_port = gue_port.to_be();
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the program's .rodata is not mapped")?;
+        rodata.gue_port = gue_port.to_be();
+        rodata.second_chance = second_chance as u8;
         let skel = open.load().context("loading the decapsulation program (is this root, with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN?)")?;
         Ok(Decap { skel, local: HashSet::new() })
     }
@@ -124,6 +137,10 @@ impl Decap {
             not_local: read(S::LB_DECAP_NOT_LOCAL)?,
             ce_not_ect: read(S::LB_DECAP_CE_NOT_ECT)?,
             ecn_anomaly: read(S::LB_DECAP_ECN_ANOMALY)?,
+            hop_local: read(S::LB_DECAP_HOP_LOCAL)?,
+            sent_on: read(S::LB_DECAP_HOP_SENT_ON)?,
+            exhausted: read(S::LB_DECAP_HOP_EXHAUSTED)?,
+            no_route: read(S::LB_DECAP_HOP_NO_ROUTE)?,
         })
     }
 

@@ -61,7 +61,8 @@ pub(super) fn route_value(r: &plan::Route) -> types::lb_service {
             HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
-        flags: if r.conntrack { types::lb_service_flags::LB_SVC_CONNTRACK.0 } else { 0 },
+        flags: if r.conntrack { types::lb_service_flags::LB_SVC_CONNTRACK.0 } else { 0 }
+            | if r.second_chance { types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 } else { 0 },
         forward: match r.forward {
             Forward::L2 => types::lb_forward::LB_FWD_L2.0,
             Forward::Ipip => types::lb_forward::LB_FWD_IPIP.0,
@@ -87,6 +88,7 @@ pub(super) fn route_of(r: &types::lb_service) -> Option<plan::Route> {
             _ => Forward::L2,
         },
         gue_port: u16::from_be(r.gue_port),
+        second_chance: r.flags & types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 != 0,
         table_len: r.table_len,
     })
 }

@@ -52,6 +52,8 @@ pub struct Dataplane {
     skel: LbSkel<'static>,
     /// The table_slots array, mapped into this process.
     slots: SlotsMapping,
+    /// The table_hops array, likewise (a slot's two hops as one 4-byte word).
+    hops: SlotsMapping,
     /// Each neighbour's MAC, when known: a backend's own (l2, or encapsulated on the link) or
     /// its next hop's.
     macs: HashMap<IpAddr, [u8; 6]>,
@@ -111,10 +113,21 @@ impl Dataplane {
         if let Some(r) = reuse {
             fresh = reuse::reuse_maps(&mut open, r)?;
         }
+        // The hops of every slot sit at the slot's index: the same size as the table array,
+        // which a reused one keeps from its pin.
+        if reuse.is_none() || fresh.contains(&"table_hops") {
+            let entries = open.maps.table_slots.max_entries();
+            open.maps.table_hops.set_max_entries(entries).context("sizing the second-chance hops")?;
+        }
         let skel = open.load().context("loading the XDP program (is this root, with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN?)")?;
         let capacity = skel.maps.table_slots.info()?.info.max_entries * 2;
         let slots = SlotsMapping::new(&skel.maps.table_slots, capacity)?;
-        let mut dp = Dataplane { skel, slots, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new() };
+        anyhow::ensure!(
+            skel.maps.table_hops.info()?.info.max_entries * 2 == capacity,
+            "the pinned second-chance hops do not match the table array's size"
+        );
+        let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
+        let mut dp = Dataplane { skel, slots, hops, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new() };
         if reuse.is_none() || fresh.contains(&"bss") {
             dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
             dp.set_conntrack_guard(true)?;

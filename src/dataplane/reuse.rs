@@ -18,7 +18,7 @@ use super::{pin, prog_id, types, Dataplane, FLOW_WAYS};
 
 /// The maps a data plane pins, by file name. The table maps come first: they must all be reused
 /// for a controller to adopt a data plane in place.
-pub const PINNED_MAPS: [&str; 16] = [
+pub const PINNED_MAPS: [&str; 17] = [
     "vip_index",
     "routes",
     "services",
@@ -35,11 +35,14 @@ pub const PINNED_MAPS: [&str; 16] = [
     "stats",
     "backend_traffic",
     "flow_key",
+    "table_hops",
 ];
 /// Maps that a data plane of an earlier version does not pin: a reader of a pinned plane does
 /// without them.
-pub const OPTIONAL_MAPS: [&str; 1] = ["flow_key"];
+pub const OPTIONAL_MAPS: [&str; 2] = ["flow_key", "table_hops"];
 const TABLE_MAPS: usize = 10;
+/// Maps whose size user space sets (a reused one keeps its pinned size).
+const SIZED_MAPS: [&str; 4] = ["table_slots", "table_hops", "flows", "flow_pending"];
 
 /// This build's layout and program identities (build.rs).
 pub const LAYOUT_HASH: &str = env!("LB_LAYOUT_HASH");
@@ -82,6 +85,7 @@ pub(super) fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'st
         ("stats", &mut m.stats),
         ("backend_traffic", &mut m.backend_traffic),
         ("flow_key", &mut m.flow_key),
+        ("table_hops", &mut m.table_hops),
     ]
 }
 
@@ -104,6 +108,7 @@ pub(super) fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'
         ("stats", &m.stats),
         ("backend_traffic", &m.backend_traffic),
         ("flow_key", &m.flow_key),
+        ("table_hops", &m.table_hops),
     ]
 }
 
@@ -170,7 +175,7 @@ pub(super) fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<V
         }
         let pinned = libbpf_rs::MapHandle::from_pinned_path(&path).with_context(|| format!("opening the pinned map {}", path.display()))?;
         let info = pinned.info()?.info;
-        let sized = name == "table_slots" || name == "flows" || name == "flow_pending";
+        let sized = SIZED_MAPS.contains(&name);
         let same_shape = info.type_ == map.map_type() as u32
             && info.key_size == map.key_size()
             && info.value_size == map.value_size()
@@ -204,7 +209,7 @@ pub(super) fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<V
             continue;
         };
         let path = r.dir.join(name);
-        if name == "table_slots" || name == "flows" || name == "flow_pending" {
+        if SIZED_MAPS.contains(&name) {
             map.set_max_entries(entries)?;
         }
         map.reuse_pinned_map(&path).with_context(|| format!("reusing the pinned map {}", path.display()))?;

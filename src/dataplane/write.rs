@@ -53,6 +53,17 @@ impl Dataplane {
                 maps.backend_gen.update(&id.to_ne_bytes(), &gen.to_ne_bytes(), MapFlags::ANY)?;
             }
             plan::Op::Slots(entries) => self.slots.write(entries)?,
+            plan::Op::Hops(entries) => {
+                // struct lb_hops: two 16-bit ids (below LB_MAX_BACKENDS) in one aligned word.
+                let words: Vec<(u32, u32)> = entries
+                    .iter()
+                    .map(|&(i, [a, b])| {
+                        let (a, b) = ((a as u16).to_ne_bytes(), (b as u16).to_ne_bytes());
+                        (i, u32::from_ne_bytes([a[0], a[1], b[0], b[1]]))
+                    })
+                    .collect();
+                self.hops.write(&words)?
+            }
             plan::Op::Route { id, route } => {
                 maps.routes.update(&id.to_ne_bytes(), bytes_of(&route_value(route)), MapFlags::ANY)?;
             }

@@ -60,6 +60,8 @@ pub struct Route {
     /// How packets reach the backends, and the GUE port.
     pub forward: Forward,
     pub gue_port: u16,
+    /// Second chance: packets carry the hops of their slot (table_hops).
+    pub second_chance: bool,
     /// The length of the table's range in the table array (`slots` may be 0: an empty table).
     pub table_len: u32,
 }
@@ -90,6 +92,9 @@ pub enum Op {
     ResetCounters { id: u32 },
     /// Write table-array entries (index, backend id), in one batch.
     Slots(Vec<(u32, u32)>),
+    /// Write the second-chance hops of table-array entries (index, the two backend ids, 0 for
+    /// none), in one batch, with the slots.
+    Hops(Vec<(u32, [u32; 2])>),
     /// Write route `id` of the routes array.
     Route { id: u32, route: Route },
     /// Put `route` under `key` in the services hash map.
@@ -146,7 +151,7 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Table entries written in all.
+    /// Table entries written in all (their hops not counted).
     pub fn slots_written(&self) -> u64 {
         self.ops.iter().map(|op| if let Op::Slots(s) = op { s.len() as u64 } else { 0 }).sum()
     }
@@ -209,7 +214,7 @@ pub fn plan(
     let placed = draft.place_services(pool, tables, budget)?;
     draft.retire_services(pool);
     draft.retire_backends(&placed.kept);
-    draft.write_slots(placed.slots);
+    draft.write_slots(placed.slots, placed.hops);
     // Routes, then what leads to them: the hash map, then the index.
     let wanted = steps::wanted_routes(&draft.st.services);
     draft.routes(&wanted)?;
@@ -342,7 +347,7 @@ mod tests {
         // Backend records, slots, routes, hash map puts, index, hash map deletes, names.
         let phase = |op: &Op| match op {
             Op::ResetCounters { .. } | Op::Meta { .. } | Op::Backend { .. } => 0,
-            Op::Slots(_) => 1,
+            Op::Slots(_) | Op::Hops(_) => 1,
             Op::Route { .. } => 2,
             Op::HashPut { .. } => 3,
             Op::Index { .. } => 4,

@@ -42,6 +42,12 @@ pub struct LiveService {
     pub conntrack: bool,
     pub forward: Forward,
     pub gue_port: u16,
+    /// `second_chance: on`.
+    pub second_chance: bool,
+    /// Its second-chance hops as written: per slot, two backend ids (0 = none); empty when the
+    /// service has none, or when they are unknown (a state rebuilt from the maps: the next plan
+    /// writes them all).
+    pub hops: Vec<[u32; 2]>,
     /// The table builder and its parameter (ring: vnodes per weight; bounded: load bound).
     pub algorithm: crate::config::Algorithm,
     pub algorithm_param: u32,
@@ -310,6 +316,8 @@ impl State {
                 conntrack: route.conntrack,
                 forward: route.forward,
                 gue_port: route.gue_port,
+                second_chance: route.second_chance,
+                hops: Vec::new(),
                 // The maps do not say which builder made a table: the file's is taken, so an
                 // adoption reports no builder change (the tables themselves are compared).
                 algorithm: configured.map_or(crate::config::Algorithm::Ring, |s| s.algorithm),

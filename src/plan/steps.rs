@@ -42,6 +42,8 @@ pub(super) struct Budget {
 pub(super) struct Placed {
     /// Table-array entries to write: (index, backend id).
     pub(super) slots: Vec<(u32, u32)>,
+    /// Second-chance hops to write: (index, backend ids).
+    pub(super) hops: Vec<(u32, [u32; 2])>,
     /// The installed backend ids the new pool keeps.
     pub(super) kept: BTreeSet<u32>,
 }
@@ -91,8 +93,10 @@ impl<'a> Draft<'a> {
             let backends = self.backends(s, old)?;
             placed.kept.extend(backends.iter().map(|b| b.id));
             let owners = owners(table, &backends);
+            let hops = hop_ids(table, &backends);
             let (base, written) = self.table(s, old, &owners, &mut placed.slots, budget)?;
-            let live = live_service(s, base, owners, backends);
+            hop_writes(old, base, &hops, &mut placed.hops);
+            let live = live_service(s, base, owners, hops, backends);
             if let Some(change) = change(old, &live, written) {
                 let notes = old.map_or_else(Vec::new, |o| notes(o, &live));
                 self.touched.push(Touched { name: s.name.clone(), change, notes, slots_written: written as u64 });
@@ -205,11 +209,15 @@ impl<'a> Draft<'a> {
         }
     }
 
-    /// The table entries of every service, in one batch: after every backend record they
-    /// name, before any route that leads to a new range.
-    pub(super) fn write_slots(&mut self, slots: Vec<(u32, u32)>) {
+    /// The table entries of every service, in one batch, then their hops in another: after
+    /// every backend record they name, before any route that leads to a new range or turns
+    /// second chance on.
+    pub(super) fn write_slots(&mut self, slots: Vec<(u32, u32)>, hops: Vec<(u32, [u32; 2])>) {
         if !slots.is_empty() {
             self.ops.push(Op::Slots(slots));
+        }
+        if !hops.is_empty() {
+            self.ops.push(Op::Hops(hops));
         }
     }
 
@@ -325,8 +333,27 @@ fn owners(table: &Table, backends: &[LiveBackend]) -> Vec<u32> {
     table.owners().iter().map(|&o| if o == EMPTY { 0 } else { backends[o as usize].id }).collect()
 }
 
+/// The backend ids of each slot's second-chance hops (0: none); empty without second chance.
+fn hop_ids(table: &Table, backends: &[LiveBackend]) -> Vec<[u32; 2]> {
+    let id = |o: u32| if o == EMPTY { 0 } else { backends[o as usize].id };
+    table.hops().iter().map(|h| [id(h[0]), id(h[1])]).collect()
+}
+
+/// Which hop entries to write for a service whose table is at `base`: those that differ from
+/// what the service had there, or all of them when its range is new or its hops were unknown or
+/// absent (the range may hold another table's). Nothing without second chance: the program
+/// reads no hops for the service then.
+fn hop_writes(old: Option<&LiveService>, base: u32, hops: &[[u32; 2]], out: &mut Vec<(u32, [u32; 2])>) {
+    let same_place = old.filter(|o| o.base == base && o.hops.len() == hops.len());
+    for (i, h) in hops.iter().enumerate() {
+        if same_place.is_none_or(|o| o.hops[i] != *h) {
+            out.push((base + i as u32, *h));
+        }
+    }
+}
+
 /// The installed form of service `s` once its table is at `base` with `owners`.
-fn live_service(s: &Service, base: u32, owners: Vec<u32>, backends: Vec<LiveBackend>) -> LiveService {
+fn live_service(s: &Service, base: u32, owners: Vec<u32>, hops: Vec<[u32; 2]>, backends: Vec<LiveBackend>) -> LiveService {
     LiveService {
         name: s.name.clone(),
         endpoint: s.endpoint(),
@@ -339,6 +366,8 @@ fn live_service(s: &Service, base: u32, owners: Vec<u32>, backends: Vec<LiveBack
         conntrack: s.conntrack,
         forward: s.forward,
         gue_port: s.gue_port,
+        second_chance: s.second_chance,
+        hops,
         algorithm: s.algorithm,
         algorithm_param: algorithm_param(s),
         empty: !s.backends.iter().any(|b| b.serving_weight() > 0),
@@ -357,6 +386,8 @@ fn change(old: Option<&LiveService>, new: &LiveService, written: usize) -> Optio
                 || o.conntrack != new.conntrack
                 || o.forward != new.forward
                 || o.gue_port != new.gue_port
+                || o.second_chance != new.second_chance
+                || o.hops != new.hops
                 || o.algorithm != new.algorithm
                 || o.algorithm_param != new.algorithm_param
                 || written > 0
@@ -399,7 +430,17 @@ pub(super) fn wanted_routes(services: &[LiveService]) -> BTreeMap<RouteKey, Rout
 /// A route under `key` to service `s`'s table.
 fn route_to(s: &LiveService, key: RouteKey, hash: HashMode, conntrack: bool) -> Route {
     let slots = if s.empty { 0 } else { s.slots };
-    Route { key, base: s.base, slots, hash, conntrack, forward: s.forward, gue_port: s.gue_port, table_len: s.slots }
+    Route {
+        key,
+        base: s.base,
+        slots,
+        hash,
+        conntrack,
+        forward: s.forward,
+        gue_port: s.gue_port,
+        second_chance: s.second_chance,
+        table_len: s.slots,
+    }
 }
 
 /// Steps 4 and 5's input: the keys of each index entry, by the data plane's `index_of`. A group
@@ -419,7 +460,7 @@ mod tests {
 
     use super::super::testkit::{index_of, pool, run, A, LIMITS};
     use super::super::{identity_hash, plan, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, RouteKey, State, Touched, QUARANTINE};
-    use super::{change, index_groups, wanted_routes, Budget, Draft};
+    use super::{change, hop_writes, index_groups, wanted_routes, Budget, Draft, LiveService};
     use crate::config::{BackendState, HashMode, Pool};
     use crate::table::{build_service, Table};
 
@@ -580,10 +621,48 @@ mod tests {
         let t0 = Instant::now();
         let (_, st) = installed(A, t0);
         let mut d = Draft::new(&st, &LIMITS, t0);
-        d.write_slots(Vec::new());
+        d.write_slots(Vec::new(), Vec::new());
         assert!(d.ops.is_empty());
-        d.write_slots(vec![(1, 2), (3, 4)]);
+        d.write_slots(vec![(1, 2), (3, 4)], Vec::new());
         assert_eq!(d.ops, vec![Op::Slots(vec![(1, 2), (3, 4)])]);
+        d.write_slots(Vec::new(), vec![(1, [3, 0])]);
+        assert_eq!(d.ops[1], Op::Hops(vec![(1, [3, 0])]));
+    }
+
+    #[test]
+    fn hops_are_written_whole_for_a_new_range_and_where_they_change_in_place() {
+        let old = LiveService {
+            name: "web".into(),
+            endpoint: String::new(),
+            key: RouteKey { addr: "10.0.0.1".parse().unwrap(), port: 80, proto: crate::config::Protocol::Tcp },
+            hash: crate::config::HashMode::Flow,
+            slots: 3,
+            base: 100,
+            owners: vec![1, 2, 1],
+            backends: Vec::new(),
+            empty: false,
+            conntrack: true,
+            forward: crate::config::Forward::Gue,
+            gue_port: 6080,
+            second_chance: true,
+            hops: vec![[2, 0], [0, 0], [0, 3]],
+            algorithm: crate::config::Algorithm::Maglev,
+            algorithm_param: 0,
+        };
+        let new = [[2, 0], [1, 0], [0, 3]];
+        let mut out = Vec::new();
+        hop_writes(Some(&old), 100, &new, &mut out);
+        assert_eq!(out, vec![(101, [1, 0])], "in place: only the slot whose hops changed");
+        out.clear();
+        hop_writes(Some(&old), 500, &new, &mut out);
+        assert_eq!(out, vec![(500, [2, 0]), (501, [1, 0]), (502, [0, 3])], "a new range: all, zeros too");
+        out.clear();
+        let unknown = LiveService { hops: Vec::new(), ..old.clone() };
+        hop_writes(Some(&unknown), 100, &new, &mut out);
+        assert_eq!(out.len(), 3, "hops unknown (an adopted plane) or newly on: all");
+        out.clear();
+        hop_writes(Some(&old), 100, &[], &mut out);
+        assert!(out.is_empty(), "second chance off: nothing, the program reads none");
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub(super) struct Maps {
     pub(super) flags: HashMap<u32, (bool, bool)>,
     pub(super) meta: HashMap<u32, BackendMeta>,
     pub(super) slots: HashMap<u32, u32>,
+    pub(super) hops: HashMap<u32, [u32; 2]>,
     pub(super) routes: HashMap<u32, Route>,
     pub(super) hash: HashMap<RouteKey, Route>,
     pub(super) index: HashMap<u32, IndexEntry>,
@@ -56,6 +57,14 @@ impl Maps {
                     for (i, id) in entries {
                         assert!(*id == 0 || self.backends.contains_key(id), "slot {i} names backend {id} before its record");
                         self.slots.insert(*i, *id);
+                    }
+                }
+                Op::Hops(entries) => {
+                    for (i, ids) in entries {
+                        for id in ids {
+                            assert!(*id == 0 || self.backends.contains_key(id), "hop of {i} names backend {id} before its record");
+                        }
+                        self.hops.insert(*i, *ids);
                     }
                 }
                 Op::Route { id, route } => {

@@ -6,8 +6,11 @@
 //! The exact algorithms are written down in docs/table-spec.md; the code follows it.
 
 pub mod bounded;
+mod hops;
 pub mod maglev;
 pub mod ring;
+
+pub use hops::with_hops;
 
 use crate::config::{Algorithm, Service};
 
@@ -27,12 +30,21 @@ pub struct Member<'a> {
 /// of the backend that owns it, or [`EMPTY`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
-    owners: Vec<u32>,
+    pub(crate) owners: Vec<u32>,
+    /// Second chance (`second_chance: on`): for every slot, up to two other members that may
+    /// hold a connection hashed to it ([`EMPTY`]: none); empty for other services. See
+    /// [`with_hops`].
+    pub(crate) hops: Vec<[u32; 2]>,
 }
 
 impl Table {
     pub fn from_owners(owners: Vec<u32>) -> Table {
-        Table { owners }
+        Table { owners, hops: Vec::new() }
+    }
+
+    /// The second-chance hops of every slot (empty when the service has none).
+    pub fn hops(&self) -> &[[u32; 2]] {
+        &self.hops
     }
 
     pub fn len(&self) -> usize {
@@ -94,9 +106,10 @@ pub fn build_service(service: &Service) -> Table {
 
 /// A table's fingerprint, to compare what several nodes serve: xxh64 (seed 0) of, for every
 /// slot in order, the 8 little-endian bytes of `xxh64(owner identity, seed 0)` (0 for an empty
-/// slot). `lb table` prints it from the builder, `lb status` from the live maps (which keep each
-/// backend's identity hash), so two nodes, or a node and the file, agree exactly when their
-/// tables do.
+/// slot); for a second-chance service, followed by the same for each slot's two hops in order
+/// (0 for none), so that nodes agree only when their hop lists do too. `lb table` prints it from
+/// the builder, `lb status` from the live state (which keeps each backend's identity hash), so
+/// two nodes, or a node and the file, agree exactly when their tables do.
 pub fn digest_of_hashes(identity_hashes: impl Iterator<Item = u64>) -> u64 {
     let mut h = xxhash_rust::xxh64::Xxh64::new(0);
     for x in identity_hashes {
@@ -108,7 +121,9 @@ pub fn digest_of_hashes(identity_hashes: impl Iterator<Item = u64>) -> u64 {
 /// [`digest_of_hashes`] of a built table whose members are `identities`.
 pub fn digest(table: &Table, identities: &[String]) -> u64 {
     let hashes: Vec<u64> = identities.iter().map(|i| xxhash_rust::xxh64::xxh64(i.as_bytes(), 0)).collect();
-    digest_of_hashes(table.owners().iter().map(|&o| if o == EMPTY { 0 } else { hashes[o as usize] }))
+    let of = |o: u32| if o == EMPTY { 0 } else { hashes[o as usize] };
+    let hops = table.hops().iter().flat_map(|h| [of(h[0]), of(h[1])]);
+    digest_of_hashes(table.owners().iter().map(|&o| of(o)).chain(hops))
 }
 
 /// Builds services' tables across successive pools, reusing each ring service's tokens from the

@@ -107,7 +107,17 @@ impl Validator<'_> {
     /// The top level: a mapping whose one key is the list of services.
     fn pool(&self) -> Result<Pool, ConfigError> {
         let root = FieldPath::default();
-        let fields = self.mapping(&self.doc.root, &root, &["services"])?;
+        let fields = self.mapping(&self.doc.root, &root, &["services", "previous"])?;
+        let previous_file = match Self::get(fields, "previous") {
+            None => None,
+            Some(n) => {
+                let file = self.string(n, &root.key("previous"), "a file name")?;
+                if file.is_empty() {
+                    return Err(self.err(&root.key("previous"), "expected a file name, found an empty string"));
+                }
+                Some(std::path::PathBuf::from(file))
+            }
+        };
         let services_path = root.key("services");
         let list = match Self::get(fields, "services") {
             None => return Err(self.err(&root, "missing required key `services`")),
@@ -147,6 +157,6 @@ impl Validator<'_> {
             }
             services.push(svc);
         }
-        Ok(Pool { services })
+        Ok(Pool { services, previous_file, previous: None })
     }
 }

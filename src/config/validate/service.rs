@@ -24,6 +24,7 @@ const KEYS: &[&str] = &[
     "forward",
     "gue_port",
     "load_bound",
+    "second_chance",
 ];
 
 /// Where a service listens: `name`, `vip`, `port` and `protocol`.
@@ -46,6 +47,7 @@ impl Validator<'_> {
         let (forward, gue_port) = self.forwarding(f, at)?;
         let backends = self.backends(self.required(f, at, "backends")?, &at.key("backends"), vip, forward)?;
         let conntrack = self.conntrack(f, at)?;
+        let second_chance = self.second_chance(f, at, forward, protocol)?;
         let health_check = match Self::get(f, "health_check") {
             None => None,
             Some(n) => self.health_check(n, &at.key("health_check"), port, protocol)?,
@@ -65,6 +67,7 @@ impl Validator<'_> {
             conntrack,
             forward,
             gue_port,
+            second_chance,
         };
         self.ring_size(&svc, at)?;
         Ok(svc)
@@ -106,6 +109,23 @@ impl Validator<'_> {
             Some(n) => self.integer(n, &at.key("gue_port"), 1, 65535)? as u16,
         };
         Ok((forward, gue_port))
+    }
+
+    /// `second_chance`: only where a hop list can travel (GUE) and be used (TCP, whose backends
+    /// can tell their own connections).
+    fn second_chance(&self, f: Fields<'_>, at: &FieldPath, forward: Forward, protocol: Protocol) -> Result<bool, ConfigError> {
+        let on = match Self::get(f, "second_chance") {
+            None => return Ok(false),
+            Some(Node::Bool(b)) => *b,
+            Some(n) => self.choice(n, &at.key("second_chance"), &[("on", true), ("off", false)])?,
+        };
+        if on && forward != Forward::Gue {
+            return Err(self.err(&at.key("second_chance"), "needs `forward: gue` (the hop list travels in the GUE header)"));
+        }
+        if on && protocol != Protocol::Tcp {
+            return Err(self.err(&at.key("second_chance"), "applies to TCP services only (a backend cannot tell a UDP flow of its own)"));
+        }
+        Ok(on)
     }
 
     fn conntrack(&self, f: Fields<'_>, at: &FieldPath) -> Result<bool, ConfigError> {
