@@ -150,6 +150,13 @@ enum Cmd {
         /// not a break (a connection sent to another backend is reset at once).
         #[arg(long, default_value_t = 3.0)]
         patience: f64,
+        /// Source ports FIRST, FIRST+1, ... (a second holder in one test takes other flows).
+        #[arg(long, default_value_t = 40000)]
+        first_port: u16,
+        /// Go on to the end after a connection broke, and count every one that does (a control
+        /// run that must show how many break); without it the first round with a break ends it.
+        #[arg(long)]
+        keep_going: bool,
     },
     XdpPass {
         iface: String,
@@ -253,12 +260,13 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Compare { before, after, removed, added, transition } => {
             compare(&before, &after, removed.as_deref(), added.as_deref(), transition)
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on: _, udp: true, patience } => {
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on: _, udp: true, patience, keep_going: _, first_port: _ } => {
             hold_udp(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, Duration::from_secs_f64(patience))
         }
-        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on, udp: false, patience } => {
+        Cmd::Hold { vip, port, sources, connections, seconds, ready_file, allow_broken_on, udp: false, patience, keep_going, first_port } => {
             let patience = Duration::from_secs_f64(patience);
-            hold(vip, port, &sources, connections, Duration::from_secs_f64(seconds), ready_file, allow_broken_on.as_deref(), patience)
+            let until = Until { seconds: Duration::from_secs_f64(seconds), keep_going, first_port };
+            hold(vip, port, &sources, connections, until, ready_file, allow_broken_on.as_deref(), patience)
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
@@ -702,13 +710,20 @@ fn compare(before: &Path, after: &Path, removed: Option<&str>, added: Option<&st
     Ok(wrong == 0 && failed == 0)
 }
 
+/// How long `hold` goes on: `seconds`, or until the first round with a break unless `keep_going`.
+struct Until {
+    seconds: Duration,
+    keep_going: bool,
+    first_port: u16,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn hold(
     vip: IpAddr,
     port: u16,
     sources: &[IpAddr],
     n: usize,
-    seconds: Duration,
+    until: Until,
     ready: Option<PathBuf>,
     allowed: Option<&str>,
     patience: Duration,
@@ -716,7 +731,7 @@ fn hold(
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
         let src = sources[i % sources.len()];
-        let sport = 40000 + i as u16;
+        let sport = until.first_port + i as u16;
         let mut s = connect_timeout(bound(src, sport, nix::sys::socket::SockType::Stream)?, SocketAddr::new(vip, port), Duration::from_secs(3))
             .with_context(|| format!("opening connection {i} from {src}:{sport}"))?;
         let name = read_name(&mut s)?;
@@ -732,12 +747,12 @@ fn hold(
     if let Some(p) = ready {
         std::fs::write(p, "ready\n")?;
     }
-    let end = Instant::now() + seconds;
+    let end = Instant::now() + until.seconds;
     let (mut broken, mut broken_allowed) = (0, 0);
     let mut alive = vec![true; conns.len()];
     let mut rounds = 0;
     let mut longest = Duration::ZERO;
-    while Instant::now() < end && broken == 0 {
+    while Instant::now() < end && (broken == 0 || until.keep_going) {
         rounds += 1;
         for (i, (src, sport, s, name)) in conns.iter_mut().enumerate() {
             if !alive[i] {

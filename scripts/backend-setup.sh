@@ -3,13 +3,17 @@
 # backend itself. Two ways to take the outer headers off:
 #
 #   scripts/backend-setup.sh --vip ADDR [--vip ADDR...] --iface IFACE lb --allow-from PREFIX
-#           [--allow-from PREFIX...] [--gue-port PORT] [--xdp-mode MODE]
+#           [--allow-from PREFIX...] [--gue-port PORT] [--xdp-mode MODE] [--second-chance]
+#           [--stats-interval SECS]
 #       Tested here. Holds the VIPs, sets the sysctls below, then runs `lb decap IFACE` in the
 #       foreground (run it under your supervisor; Ctrl-C or SIGTERM detaches). For kernels
 #       without the ipip, ip6_tunnel, sit or fou drivers, like this project's test machines.
 #       --allow-from (repeatable) names the load balancers' encapsulation sources (their
 #       --encap-source, or their interface's address): packets from anywhere else are not
 #       unwrapped. --allow-any instead unwraps from any source (isolated test setups only).
+#       --second-chance passes lb decap's flag of that name (docs/fleet.md, "Second chance"):
+#       the other backends' addresses must then be allowed too. --stats-interval passes lb
+#       decap's (its counters on standard output every SECS seconds).
 #
 #   scripts/backend-setup.sh --vip ADDR [--vip ADDR...] --iface IFACE linux [--gue-port PORT]
 #       Documented, not run here (this project's test kernel has none of these drivers). Holds
@@ -40,6 +44,7 @@ iface=
 way=
 gue_port=6080
 mode=auto
+extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --vip) vips+=("$2"); shift 2 ;;
@@ -48,6 +53,8 @@ while [ $# -gt 0 ]; do
         --allow-any) allow+=(--allow-any); shift ;;
         --gue-port) gue_port=$2; shift 2 ;;
         --xdp-mode) mode=$2; shift 2 ;;
+        --second-chance) extra+=(--second-chance); shift ;;
+        --stats-interval) extra+=(--stats-interval "$2"); shift 2 ;;
         lb | linux) way=$1; shift ;;
         -h | --help) usage ;;
         *) echo "backend-setup: unknown argument '$1'" >&2; usage ;;
@@ -78,7 +85,7 @@ case "$way" in
         lb=${LB:-$(command -v lb || echo "$(dirname "$0")/../target/release/lb")}
         [ -x "$lb" ] || { echo "backend-setup: lb not found (build it, or set LB=/path/to/lb)" >&2; exit 1; }
         # lb decap itself refuses to start without --allow-from or --allow-any, and says so.
-        exec "$lb" decap "$iface" "${allow[@]}" --gue-port "$gue_port" --xdp-mode "$mode"
+        exec "$lb" decap "$iface" "${allow[@]}" --gue-port "$gue_port" --xdp-mode "$mode" ${extra[@]+"${extra[@]}"}
         ;;
     linux)
         modprobe ipip && modprobe ip6_tunnel && modprobe sit && modprobe fou && modprobe fou6 || {

@@ -27,7 +27,7 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
 
 # The shared helpers first, then a file per feature.
-for part in lib basic reload lifecycle health conntrack encap pin metrics fleet; do
+for part in lib basic reload lifecycle health conntrack encap pin metrics fleet second_chance; do
     # shellcheck source=/dev/null # each is checked on its own
     source "scripts/e2e/$part.sh"
 done
@@ -78,6 +78,10 @@ TESTS=(
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
     "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native on"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic on"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native off"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic off"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

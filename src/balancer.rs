@@ -261,7 +261,12 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
     let live = live::read_live(maps)?;
     let sizes = live::sizes(maps)?;
     let slot_at = maps.slot_reader()?;
-    let (state, _) = plan::State::rebuild(&live, &Pool::default(), &limits_of(sizes), &index_of, &slot_at);
+    let (mut state, _) = plan::State::rebuild(&live, &Pool::default(), &limits_of(sizes), &index_of, &slot_at);
+    // The hops the program reads, for the digest: a rebuilt state leaves them unknown.
+    let hop_at = maps.hop_reader()?;
+    for s in state.services.iter_mut().filter(|s| s.second_chance) {
+        s.hops = (0..s.slots).map(|i| hop_at(s.base + i)).collect();
+    }
     let counters = counters::plane_counters(maps)?;
     let mut out = PlaneStatus {
         passed: counters.passed,

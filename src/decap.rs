@@ -96,6 +96,38 @@ fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
     text
 }
 
+/// The loopback's forwarding switches, which second chance needs on: the kernel's FIB helper
+/// routes a packet only "from" a device with forwarding on, and the program asks as if the
+/// packet came from the loopback (docs/fleet.md, "Second chance"). Turning it on there forwards
+/// nothing (no packet from outside arrives on the loopback); the interface stays a host's.
+const LOOPBACK_FORWARDING: [&str; 2] = ["/proc/sys/net/ipv4/conf/lo/forwarding", "/proc/sys/net/ipv6/conf/lo/forwarding"];
+
+/// The switches this process turned on, turned off again when it ends, however it ends.
+struct Forwarding(Vec<&'static str>);
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            if let Err(e) = std::fs::write(path, "0") {
+                log(format!("warning: could not turn {path} off again: {e}"));
+            }
+        }
+    }
+}
+
+/// Turns the loopback's forwarding on; what was off is turned off again when the guard drops.
+fn loopback_forwarding_on() -> Result<Forwarding> {
+    let mut changed = Forwarding(Vec::new());
+    for path in LOOPBACK_FORWARDING {
+        let now = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        if now.trim() != "1" {
+            std::fs::write(path, "1").with_context(|| format!("turning on {path} (second chance routes hops from the loopback)"))?;
+            changed.0.push(path);
+        }
+    }
+    Ok(changed)
+}
+
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
 fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
     if a.allow_any {
@@ -133,6 +165,10 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("creating a signalfd")?;
 
     let mut dp = Decap::load(gue_port, second_chance)?;
+    let forwarding = if second_chance { loopback_forwarding_on()? } else { Forwarding(Vec::new()) };
+    if !forwarding.0.is_empty() {
+        log(format!("second chance: turned on {} (lb decap turns it off again at exit)", forwarding.0.join(" and ")));
+    }
     dp.allow_from(&allow)?;
     let addrs = host_addresses()?;
     if addrs.is_empty() {
@@ -187,6 +223,7 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
         }
     };
     drop(xdp);
+    drop(forwarding);
     log(format!("{stop}: detached from {}; {}", ifc.name, counters_text(&dp.counters()?, second_chance)));
     Ok(ExitCode::SUCCESS)
 }

@@ -167,10 +167,13 @@ topo_routed_backend() { # PREFIX I MODE
     # The backend as scripts/backend-setup.sh prepares one: VIPs on lo, ARP and reverse-path
     # settings, then `lb decap eth0` in the foreground (here in the background), trusting only
     # the load balancer's encapsulation sources.
+    # TOPO_DECAP_ALLOW and TOPO_DECAP_ARGS change both (the second-chance topology's backends
+    # also trust each other and pass --second-chance).
     local allow=() s
-    for s in $TOPO_RLB_SOURCES; do allow+=(--allow-from "$s"); done
+    for s in ${TOPO_DECAP_ALLOW:-$TOPO_RLB_SOURCES}; do allow+=(--allow-from "$s"); done
+    # shellcheck disable=SC2086 # TOPO_DECAP_ARGS is a list of flags
     LB="$TOPO_LB" ip netns exec "$ns" scripts/backend-setup.sh --vip "$TOPO_VIP4" --vip "$TOPO_VIP6" --iface eth0 lb \
-        "${allow[@]}" --xdp-mode "$mode" >/dev/null 2>"/tmp/$p-b$i.decap.log" &
+        "${allow[@]}" --xdp-mode "$mode" ${TOPO_DECAP_ARGS:-} >"/tmp/$p-b$i.decap.log" 2>&1 &
     disown $!
     echo $! >>"/tmp/$p.pids"
     # The server binds UDP to the VIPs: wait until the script has added them.
@@ -286,5 +289,67 @@ topo_fleet_up() { # PREFIX MODE
             topo_ns "$p-b$i" ss -ltn 2>/dev/null | grep -q ':80 ' && break
             sleep 0.1
         done
+    done
+}
+
+# ---- the second-chance topology: three lb nodes behind a BIRD router (ECMP), four backends in
+# subnets of their own behind the same router, each running `lb decap` ----
+#
+#   $P-client  eth0 10.98.0.2,.51-.54 ------------------------- c0 10.98.0.1   $P-router
+#   $P-na, nb, nc  eth0 10.96.0.2, .3, .4, ifb0 -- br0 ($P-sw) -- eth0 10.96.0.1  (BIRD, ECMP
+#                                                                                  over the 5-tuple)
+#   $P-b1..b4  eth0 10.97.I.2, VIPs on lo -------------------- bI 10.97.I.1
+#
+# Unknown-unicast flooding is off on the nodes' bridge ports: a node whose link dies is a black
+# hole, as on a real switch once its MAC ages out, instead of the bridge handing its frames to
+# the others. The backends trust the nodes' subnet and each other's (a packet sent on by a
+# backend's second chance comes from that backend); DECAP_ARGS go to lb decap (--second-chance).
+# Nothing is attached to the nodes and BIRD is not started: the test does both.
+#   topo_chaos_up PREFIX MODE DECAP_ARGS     MODE as for topo_up
+TOPO_CHAOS_NODES="na nb nc"
+topo_chaos_up() { # PREFIX MODE DECAP_ARGS
+    local p=$1 mode=$2 i n a
+    [ -x "$TOPO_E2E" ] && [ -x "$TOPO_LB" ] || { echo "topology: build first (cargo build --release --bins --examples)" >&2; return 1; }
+    topo_down "$p"
+    ip netns add "$p-sw"
+    ip -n "$p-sw" link add br0 type bridge
+    ip -n "$p-sw" link set br0 up
+    ip netns add "$p-client"
+    ip -n "$p-client" link set lo up
+    topo_link "$p" router
+    topo_wire "$p-client" eth0 "$p-router" c0
+    ip -n "$p-router" addr add 10.98.0.1/24 dev c0
+    ip -n "$p-router" addr add 10.96.0.1/24 dev eth0
+    topo_ns "$p-router" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 \
+        net.ipv4.fib_multipath_hash_policy=3 net.ipv4.fib_multipath_hash_fields=0x37
+    for a in ${TOPO_RCLIENTS4//,/ }; do ip -n "$p-client" addr add "$a/24" dev eth0; done
+    ip -n "$p-client" route add default via 10.98.0.1
+    i=2
+    for n in $TOPO_CHAOS_NODES; do
+        topo_link "$p" "$n"
+        ip -n "$p-$n" link add ifb0 type ifb
+        ip -n "$p-$n" addr add "10.96.0.$i/24" dev eth0
+        ip -n "$p-$n" route replace default via 10.96.0.1
+        bridge -n "$p-sw" link set dev "p-$n" flood off
+        i=$((i + 1))
+    done
+    for i in 1 2 3 4; do
+        TOPO_DECAP_ALLOW="10.96.0.0/24 10.97.0.0/16" TOPO_DECAP_ARGS="$3" topo_routed_backend "$p" "$i" "$mode"
+    done
+    if [ "$mode" = native ]; then
+        # Native XDP_TX on veth needs a program on the peer: the nodes' bridge ports, and the
+        # router's ends of the backends' links (a backend's second chance transmits there).
+        for n in $TOPO_CHAOS_NODES; do topo_ns "$p-sw" "$TOPO_E2E" xdp-pass "p-$n"; done
+        for i in 1 2 3 4; do topo_ns "$p-router" "$TOPO_E2E" xdp-pass "b$i"; done
+        topo_ns "$p-client" ethtool -K eth0 tx off >/dev/null
+    else
+        topo_ns "$p-router" ethtool -K eth0 tso off gso off >/dev/null
+    fi
+    for i in 1 2 3 4; do
+        for _ in $(seq 1 50); do
+            topo_ns "$p-b$i" ss -ltn 2>/dev/null | grep -q ':9000 ' && grep -q serving "/tmp/$p-b$i.decap.log" && break
+            sleep 0.1
+        done
+        grep -q serving "/tmp/$p-b$i.decap.log" || { cat "/tmp/$p-b$i.decap.log" >&2; return 1; }
     done
 }

@@ -309,7 +309,11 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 	/* The next hop is this host: the list led back here (never by lb's hand). */
 	if (is_local(hop, outer))
 		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-	fib.ifindex = ctx->ingress_ifindex;
+	/* Routed as if this host sent it (from the loopback, ifindex 1 in every namespace): the
+	 * helper answers only for an input device with forwarding on, and lb decap turns it on for
+	 * the loopback, which no packet from outside arrives on, rather than for the interface,
+	 * which would make the backend a router for whoever reaches it. */
+	fib.ifindex = 1;
 	fib.l4_protocol = IPPROTO_UDP;
 	if (outer == LB_FAMILY_V4) {
 		struct iphdr *ip = l3;

@@ -74,6 +74,24 @@ impl PinnedMaps {
     }
 }
 
+impl PinnedMaps {
+    /// A reader of each slot's second-chance hops by index ([0, 0] past its end, or where the
+    /// plane has no table_hops: a version before second chance).
+    pub fn hop_reader(&self) -> Result<impl Fn(u32) -> [u32; 2] + '_> {
+        let hops = self.0.get("table_hops");
+        let pairs = RefCell::new(HashMap::<u32, types::lb_hop_pair>::new());
+        Ok(move |i: u32| -> [u32; 2] {
+            let Some(map) = hops else { return [0, 0] };
+            let mut cache = pairs.borrow_mut();
+            let pair = *cache.entry(i / 2).or_insert_with(|| {
+                map.lookup(&(i / 2).to_ne_bytes(), MapFlags::ANY).ok().flatten().map_or_else(Default::default, |v| value_of::<types::lb_hop_pair>(&v))
+            });
+            let h = pair.slot[(i % 2) as usize].id;
+            [h[0] as u32, h[1] as u32]
+        })
+    }
+}
+
 impl MapSource for PinnedMaps {
     fn map(&self, name: &str) -> Result<&dyn MapCore> {
         self.0.get(name).map(|m| m as &dyn MapCore).with_context(|| format!("no pinned map {name}"))

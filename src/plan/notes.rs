@@ -53,6 +53,9 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if old.forward == Forward::Gue && new.forward == Forward::Gue && old.gue_port != new.gue_port {
         out.push(format!("gue_port {} -> {}", old.gue_port, new.gue_port));
     }
+    if old.second_chance != new.second_chance {
+        out.push(format!("second_chance {} -> {}", on_off(old.second_chance), on_off(new.second_chance)));
+    }
     let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
     let after: HashSet<&str> = new.backends.iter().map(|b| b.identity.as_str()).collect();
     for b in &new.backends {
@@ -67,6 +70,13 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     for o in &old.backends {
         if !after.contains(o.identity.as_str()) {
             out.push(format!("{} removed", o.identity));
+        }
+    }
+    // Last: what follows from the rest, or from the previous pool alone.
+    if old.second_chance && new.second_chance && old.hops.len() == new.hops.len() {
+        let changed = old.hops.iter().zip(&new.hops).filter(|(a, b)| a != b).count();
+        if changed > 0 {
+            out.push(format!("hops of {changed} slots changed"));
         }
     }
     out
