@@ -106,13 +106,14 @@ fn main() -> anyhow::Result<()> {
     let floor = floor::FloorSkelBuilder::default().open(&mut floor_obj)?.load()?;
 
     let vip = [10, 99, 0, 100];
-    // Tracking off; a tracked flow (its SYN went first, so its ACKs hit the entry); an ACK of
-    // a flow never seen (a lookup miss, then the table; no entry is made mid-flow); another
-    // address.
+    // Tracking off; a tracked flow (its SYN went first, so its ACKs hit the entry); an RST of
+    // a flow never seen (a lookup miss, then the table: the one packet that never makes an
+    // entry, so every repeat misses; any other packet of an unknown flow is adopted and hits
+    // from its second); another address.
     let plain = frame(vip, 81, 40000, 0x02);
     let tracked = frame(vip, 80, 40001, 0x10);
     dp.test_run(&frame(vip, 80, 40001, 0x02))?;
-    let untracked = frame(vip, 80, 40002, 0x10);
+    let untracked = frame(vip, 80, 40002, 0x14);
     let other = frame([10, 99, 0, 101], 80, 40000, 0x02);
     use types::lb_stat as S;
     let mut figures: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![

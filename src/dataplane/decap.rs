@@ -148,6 +148,14 @@ impl Decap {
     pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         super::test_run_once(&self.skel.progs.lb_decap, frame)
     }
+
+    /// Runs the program `repeat` times on `frame` in one BPF_PROG_TEST_RUN (one buffer: later
+    /// runs see what earlier ones wrote): (last XDP action, mean time per run).
+    pub fn test_run_repeat(&self, frame: &[u8], repeat: u32) -> Result<(u32, std::time::Duration)> {
+        let input = libbpf_rs::ProgramInput { data_in: Some(frame), repeat, ..Default::default() };
+        let output = self.skel.progs.lb_decap.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        Ok((output.return_value, output.duration))
+    }
 }
 
 /// Every address of every interface in this network namespace (both families).

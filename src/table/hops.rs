@@ -11,7 +11,8 @@ use crate::config::{Algorithm, BackendState, Service};
 /// `second_chance: on`). A slot's hops are the backends besides its owner that may hold a
 /// connection hashed to it: first its owner in the table of `previous` (the service of the same
 /// name in the pool file's `previous:` file, when it has the same number of slots), then its
-/// runner-up, its owner in the table built without its current owner. A backend that is down
+/// runner-up, its owner in the table built without its current owner (for services of at most
+/// [`MAX_RUNNER_UP_BACKENDS`] backends). A backend that is down
 /// (or gone) is no hop: its connections are gone with it. Both are functions of the files alone,
 /// so every node given the same files computes the same hops (docs/fleet.md, "Second chance").
 pub fn with_hops(service: &Service, table: Table, previous: Option<&Service>) -> Table {
@@ -35,43 +36,45 @@ pub fn with_hops(service: &Service, table: Table, previous: Option<&Service>) ->
             }
         }
     }
-    for (who, runner_up) in runners_up(service, &table) {
-        for (slot, hop) in hops.iter_mut().enumerate() {
-            let r = runner_up.owners[slot];
-            if table.owners[slot] == who && r != EMPTY && r != hop[0] && usable(r as usize) {
-                hop[1] = r;
+    if service.backends.len() <= MAX_RUNNER_UP_BACKENDS {
+        let counts = table.counts(service.backends.len());
+        for who in (0..service.backends.len()).filter(|&i| counts[i] > 0) {
+            let runner_up = without(service, who);
+            for (slot, hop) in hops.iter_mut().enumerate() {
+                let r = runner_up.owners[slot];
+                if table.owners[slot] == who as u32 && r != EMPTY && r != hop[0] && usable(r as usize) {
+                    hop[1] = r;
+                }
             }
         }
     }
     Table { hops, ..table }
 }
 
-/// For each member that owns slots, the table built without it (its weight 0): where its slots
-/// would go. A drained backend counts with its configured weight, since it still holds
-/// connections; a down one does not.
-fn runners_up(service: &Service, table: &Table) -> Vec<(u32, Table)> {
-    let identities: Vec<String> = service.backends.iter().map(|b| b.identity()).collect();
-    let counts = table.counts(service.backends.len());
-    let weight = |b: &crate::config::Backend| if b.state == BackendState::Down { 0 } else { b.weight };
-    (0..service.backends.len())
-        .filter(|&i| counts[i] > 0)
-        .map(|i| {
-            let members: Vec<Member> = service
-                .backends
-                .iter()
-                .zip(&identities)
-                .enumerate()
-                .map(|(j, (b, id))| Member { identity: id, weight: if j == i { 0 } else { weight(b) } })
-                .collect();
-            let t = match service.algorithm {
-                Algorithm::Bounded => bounded::build(&members, service.slots, service.load_bound),
-                a => build(a, service.slots, service.vnodes_per_weight, &members),
-            };
-            (i as u32, t)
-        })
-        .collect()
-}
+/// The most backends a service may have for its slots to list a runner-up: finding them costs
+/// one table build per backend that owns slots (at 32 backends and 65,537 slots, 0.03 to 0.3 s
+/// per reload here, depending on the builder; at 1,000, 3 to 10 s), so larger services list
+/// previous owners only.
+pub const MAX_RUNNER_UP_BACKENDS: usize = 32;
 
+/// The table built without member `who` (its weight 0): where its slots would go. A drained
+/// backend counts with its configured weight, since it still holds connections; a down one
+/// does not.
+fn without(service: &Service, who: usize) -> Table {
+    let identities: Vec<String> = service.backends.iter().map(|b| b.identity()).collect();
+    let weight = |b: &crate::config::Backend| if b.state == BackendState::Down { 0 } else { b.weight };
+    let members: Vec<Member> = service
+        .backends
+        .iter()
+        .zip(&identities)
+        .enumerate()
+        .map(|(j, (b, id))| Member { identity: id, weight: if j == who { 0 } else { weight(b) } })
+        .collect();
+    match service.algorithm {
+        Algorithm::Bounded => bounded::build(&members, service.slots, service.load_bound),
+        a => build(a, service.slots, service.vnodes_per_weight, &members),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -174,6 +177,20 @@ mod tests {
         let plain = build_service(&off);
         assert!(hops(&off, Some(&before.services[0])).hops().is_empty());
         assert_eq!(digest(&with_hops(&off, plain.clone(), None), &ids), digest(&plain, &ids));
+    }
+
+    #[test]
+    fn a_service_past_the_runner_up_limit_lists_previous_owners_only() {
+        let names: Vec<String> = (0..=super::MAX_RUNNER_UP_BACKENDS).map(|i| format!("b{i}")).collect();
+        let all: Vec<(&str, u32)> = names.iter().map(|n| (n.as_str(), 1)).collect();
+        let before = pool(&backends(&all[1..]));
+        let now = pool(&backends(&all));
+        let t = hops(&now.services[0], Some(&before.services[0]));
+        assert!(t.hops().iter().all(|h| h[1] == EMPTY), "no runner-up past the limit");
+        assert!(t.hops().iter().any(|h| h[0] != EMPTY), "previous owners still listed");
+        let small = pool(&backends(&all[1..]));
+        let t = hops(&small.services[0], None);
+        assert!(t.hops().iter().all(|h| h[1] != EMPTY), "at the limit every slot has a runner-up");
     }
 
     #[test]
