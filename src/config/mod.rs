@@ -378,6 +378,18 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
     Ok(pool)
 }
 
+/// The previous pool file a pool file's text names (`previous:`, resolved against the pool
+/// file's directory), if it names one; None for text that does not parse. For a reloader that
+/// must see a change of either file as a change.
+pub fn previous_file_of(path: &Path, bytes: &[u8]) -> Option<PathBuf> {
+    let doc = yaml::parse(std::str::from_utf8(bytes).ok()?).ok()?;
+    let yaml::Node::Map(fields) = &doc.root else { return None };
+    match fields.iter().find(|(k, _)| k == "previous") {
+        Some((_, yaml::Node::Str(file))) => Some(path.parent().unwrap_or(Path::new("")).join(file)),
+        _ => None,
+    }
+}
+
 /// Validates a string (handy for tests and for error messages about in-memory text).
 pub fn parse_str(name: &str, text: &str) -> Result<Pool, ConfigError> {
     parse_bytes(Path::new(name), text.as_bytes())

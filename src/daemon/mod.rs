@@ -66,7 +66,7 @@ pub fn run(settings: Settings, pool: Pool, content: &[u8]) -> Result<ExitCode> {
     let Some(Started { mut daemon, attachment, pinning, signals, watcher }) = startup::start(&settings, pool, content)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let result = match serve::serve(&mut daemon, &signals, watcher, Reloader::new(content)) {
+    let result = match serve::serve(&mut daemon, &signals, watcher, Reloader::new(&settings.config, content)) {
         Ok(stop) => shutdown(&mut daemon, attachment, pinning.as_ref(), &stop),
         Err(e) => {
             drop(attachment);

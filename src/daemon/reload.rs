@@ -30,14 +30,22 @@ pub(super) struct Reloader {
     last_read_error: Option<String>,
 }
 
-fn digest(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh64::xxh64(bytes, 0)
+/// The digest of what a pool file's bytes make lb serve: the bytes, and the previous pool file
+/// they name (second chance's hops come from it), so that a change of either is a change.
+fn content_digest(path: &std::path::Path, bytes: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh64::Xxh64::new(0);
+    h.update(bytes);
+    if let Some(previous) = config::previous_file_of(path, bytes) {
+        h.update(b"\0previous\0");
+        h.update(&std::fs::read(previous).unwrap_or_default());
+    }
+    h.digest()
 }
 
 impl Reloader {
-    /// `content` is what the running pool was read from.
-    pub(super) fn new(content: &[u8]) -> Reloader {
-        Reloader { content: digest(content), last_read_error: None }
+    /// `content` is what the running pool was read from, at `path`.
+    pub(super) fn new(path: &std::path::Path, content: &[u8]) -> Reloader {
+        Reloader { content: content_digest(path, content), last_read_error: None }
     }
 
     /// Re-reads the pool file by path and, when its content changed and is valid, applies it.
@@ -64,7 +72,7 @@ impl Reloader {
             }
         };
         self.last_read_error = None;
-        let digest = digest(&bytes);
+        let digest = content_digest(path, &bytes);
         if digest == self.content {
             d.metrics.reload(ReloadResult::Unchanged, None);
             if why == "SIGHUP" {
@@ -151,4 +159,22 @@ fn apply(d: &mut Daemon, why: &str, pool: Pool, via: HashMap<IpAddr, IpAddr>, so
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_change_of_the_previous_pool_alone_is_a_change() {
+        let dir = std::env::temp_dir().join(format!("lb-reload-previous-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pool = dir.join("pool.yaml");
+        let text = b"previous: old.yaml\nservices: []\n";
+        std::fs::write(dir.join("old.yaml"), "services: []\n").unwrap();
+        let before = super::content_digest(&pool, text);
+        assert_eq!(before, super::content_digest(&pool, text), "the same files, the same digest");
+        std::fs::write(dir.join("old.yaml"), "services:\n  - {name: web, vip: 10.0.0.1, port: 80, backends: []}\n").unwrap();
+        assert_ne!(before, super::content_digest(&pool, text), "SIGHUP must apply a new previous pool");
+        assert_eq!(super::content_digest(&pool, b"services: []\n"), xxhash_rust::xxh64::xxh64(b"services: []\n", 0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
