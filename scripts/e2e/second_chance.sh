@@ -123,9 +123,17 @@ sc_churn_stop() { # sets CHURN_SUMMARY; fails if a new connection failed
 # How many held connections broke, from the holder's last line.
 sc_broken() { tail -1 "$WORK/hold.log" | grep -o '[0-9]* broken' | grep -o '^[0-9]*'; }
 
-# Flows the router sends to each node: packets each lb forwarded, from lb status.
+# Packets NODE's lb forwarded, and the flows it picked up in mid-connection, from lb status.
 sc_forwarded() { # NODE
     lb_status "$1" status forwarded 2>/dev/null || echo 0
+}
+sc_adopted() { # NODE...
+    local n total=0 v
+    for n in "$@"; do
+        v=$(lb_status "$n" status conntrack adopted 2>/dev/null || echo 0)
+        total=$((total + v))
+    done
+    echo "$total"
 }
 
 test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() { # MODE on|off
@@ -178,7 +186,10 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     broken1=$(sc_broken)
     sc_churn_stop || fail "round 1, new connections: $CHURN_SUMMARY"
     sent1=$(sc_decap sent_on)
-    say "(1) C joined (2 -> 3 next hops), and ${ms} ms after the router had it both other nodes served the new pool; C forwarded $(sc_forwarded nc) packets of flows it never saw;"
+    local adopted_b0 adopted_c
+    adopted_c=$(sc_adopted nc)
+    say "(1) C joined (2 -> 3 next hops), and ${ms} ms after the router had it both other nodes served the new pool;"
+    say "    C picked up $adopted_c flows in mid-connection and forwarded $(sc_forwarded nc) packets;"
     say "    $(hold_summary); $CHURN_SUMMARY; backends sent $sent1 packets on"
 
     # Round 2: A dies as a whole while b2 drains (fresh connections: round 1's have ended). The
@@ -189,6 +200,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     sc_churn_start 4
     sleep 1.5
     sc_pool "$WORK/pool-p2.yaml" "$sc" pool-p0.yaml 1:2 2:drain 3 4
+    adopted_b0=$(sc_adopted nb nc)
     t0=$(date +%s%N)
     ip -n "$PREFIX-na" link set eth0 down
     cp "$WORK/pool-p2.yaml" "$WORK/pool-ab.yaml.new" && mv "$WORK/pool-ab.yaml.new" "$WORK/pool-ab.yaml"
@@ -203,6 +215,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     sleep 1.2
     sent2=$(($(sc_decap sent_on) - sent1))
     say "(2) A's link went down and b2 drained ${ms} ms later; the router black-holed A's share for ${took} ms;"
+    say "    B and C picked up $(($(sc_adopted nb nc) - adopted_b0)) flows in mid-connection;"
     say "    $(hold_summary); $CHURN_SUMMARY; backends sent $sent2 packets on"
 
     if [ "$sc" = on ]; then

@@ -251,6 +251,54 @@ static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *t
 	return mine;
 }
 
+/* Whether this host holds the connection an ICMP error at `ic` (in an inner packet of `family`)
+ * is about: a destination unreachable (or IPv6 packet too big) quoting a TCP segment this host
+ * sent from a VIP to a client, whose connection is found by the quote's addresses and ports
+ * turned round, as the client's own packets carry them. An error about anything else is for
+ * this host. */
+static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end, __u8 family)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__be16 *ports;
+	int mine;
+
+	if (family == LB_FAMILY_V4) {
+		struct icmphdr *h = ic;
+		struct iphdr *q = (void *)(h + 1);
+
+		if ((void *)(q + 1) > end || h->type != 3 || q->protocol != IPPROTO_TCP || q->ihl < 5)
+			return 1;
+		ports = (void *)q + q->ihl * 4;
+		if ((void *)(ports + 2) > end)
+			return 1;
+		t.ipv4.saddr = q->daddr;
+		t.ipv4.daddr = q->saddr;
+		t.ipv4.sport = ports[1];
+		t.ipv4.dport = ports[0];
+		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	} else {
+		struct icmp6hdr *h = ic;
+		struct ipv6hdr *q = (void *)(h + 1);
+
+		if ((void *)(q + 1) > end || (h->icmp6_type != 1 && h->icmp6_type != 2) || q->nexthdr != IPPROTO_TCP)
+			return 1;
+		ports = (void *)(q + 1);
+		if ((void *)(ports + 2) > end)
+			return 1;
+		__builtin_memcpy(t.ipv6.saddr, &q->daddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, &q->saddr, 16);
+		t.ipv6.sport = ports[1];
+		t.ipv6.dport = ports[0];
+		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	}
+	if (!sk)
+		return 0;
+	mine = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return mine;
+}
+
 /* Second chance for a packet whose hop list is at `h` and whose inner packet (of `family`) is
  * at l3 + strip, the outer header (of `outer`) at l3: an XDP action when the packet was sent on
  * (or dropped), -1 when it is for this host. */
@@ -281,13 +329,20 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 		nh = in->nexthdr;
 		th = (void *)(in + 1);
 	}
-	/* Not TCP (UDP has no connection to look for), or a SYN: here. */
-	if (nh != IPPROTO_TCP || (void *)(th + 1) > end || (th->syn && !th->ack))
-		return dcount(LB_DECAP_HOP_LOCAL, -1);
 	if (family == LB_FAMILY_V4 ? (void *)((struct iphdr *)inner + 1) > end : (void *)((struct ipv6hdr *)inner + 1) > end)
 		return -1;
-	if (holds(ctx, inner, th, family))
-		return dcount(LB_DECAP_HOP_LOCAL, -1);
+	/* An ICMP error about a connection (path MTU discovery's "too big") goes where the
+	 * connection is, like the connection's own packets. */
+	if (nh == (family == LB_FAMILY_V4 ? IPPROTO_ICMP : IPPROTO_ICMPV6_)) {
+		if ((void *)th + 8 > end || holds_quoted(ctx, th, end, family))
+			return dcount(LB_DECAP_HOP_LOCAL, -1);
+	} else {
+		/* Not TCP (UDP has no connection to look for), or a SYN: here. */
+		if (nh != IPPROTO_TCP || (void *)(th + 1) > end || (th->syn && !th->ack))
+			return dcount(LB_DECAP_HOP_LOCAL, -1);
+		if (holds(ctx, inner, th, family))
+			return dcount(LB_DECAP_HOP_LOCAL, -1);
+	}
 	if (h->next >= h->count || h->next >= LB_GUE_MAX_HOPS)
 		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
 	gh = data + (h->off & 0xff);

@@ -508,6 +508,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
 			flow_put(&flow_pending, pmask, 1, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
 			count(LB_CT_PENDING, 0);
+			if (adopt)
+				count(LB_CT_ADOPTED, 0);
 		}
 		return id;
 	}
@@ -516,6 +518,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		return 0;
 	if (adopt && (proto_flags >> 16))
 		id = proto_flags >> 16;
+	if (adopt)
+		count(LB_CT_ADOPTED, 0);
 	if (first || adopt) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
 		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now) > 0)

@@ -299,6 +299,9 @@ enum lb_stat {
 	LB_FRAG_CONFLICT,      /* a first fragment disagreed with its datagram's fresh record (another
 				* port or backend: a spoof or a reused identification): the record
 				* was deleted, not re-pointed */
+	LB_CT_ADOPTED,         /* a TCP packet in mid-connection of a flow with no entry here (moved to
+				* this node, or from before it started): recorded like a first packet
+				* (also counted as pending) */
 	LB_STAT_MAX,
 };
 
@@ -317,7 +320,8 @@ enum lb_decap_stat {
 			       * RFC 6040 says no compliant path produces, and asks to be logged: an
 			       * ECT outer over a Not-ECT inner, or ECT(1) outer over a CE inner */
 	LB_DECAP_HOP_LOCAL,    /* second chance (`--second-chance`): a packet with a hop list kept
-				* here: a SYN, not TCP, a connection or SYN cookie of this host */
+				* here: a SYN, not TCP, a connection or SYN cookie of this host, an
+				* ICMP error about a connection of this host */
 	LB_DECAP_HOP_SENT_ON,  /* second chance: a TCP packet for no connection of this host, sent on to
 				* the next hop of its list (not decapsulated here) */
 	LB_DECAP_HOP_EXHAUSTED, /* second chance: no connection here and no hop left (or the next hop

@@ -41,7 +41,8 @@ pub struct DecapCounters {
     /// says no compliant path produces: an ECT outer over a Not-ECT inner, or ECT(1) over CE.
     pub ecn_anomaly: u64,
     /// Second chance: packets with a hop list kept here (a SYN, not TCP, a connection or SYN
-    /// cookie of this host); decapsulated, and counted there too.
+    /// cookie of this host, an ICMP error about a connection of this host); decapsulated, and
+    /// counted there too.
     pub hop_local: u64,
     /// Second chance: packets for no connection of this host, sent on to the next hop.
     pub sent_on: u64,
