@@ -91,38 +91,31 @@ fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
         c.decapsulated, c.passed, c.malformed, c.not_allowed, c.not_local, c.ce_not_ect, c.ecn_anomaly
     );
     if second_chance {
-        text += &format!(", hop_local {}, sent_on {}, exhausted {}, no_route {}", c.hop_local, c.sent_on, c.exhausted, c.no_route);
+        text += &format!(
+            ", hop_local {}, sent_on {}, exhausted {}, no_route {}, hop_refused {}",
+            c.hop_local, c.sent_on, c.exhausted, c.no_route, c.hop_refused
+        );
     }
     text
 }
 
 /// The loopback's forwarding switches, which second chance needs on: the kernel's FIB helper
 /// routes a packet only "from" a device with forwarding on, and the program asks as if the
-/// packet came from the loopback (docs/fleet.md, "Second chance"). Turning it on there forwards
+/// packet came from the loopback (docs/fleet.md, "Second chance"). On there, they forward
 /// nothing (no packet from outside arrives on the loopback); the interface stays a host's.
 const LOOPBACK_FORWARDING: [&str; 2] = ["/proc/sys/net/ipv4/conf/lo/forwarding", "/proc/sys/net/ipv6/conf/lo/forwarding"];
 
-/// The switches this process turned on, turned off again when it ends, however it ends.
-struct Forwarding(Vec<&'static str>);
-
-impl Drop for Forwarding {
-    fn drop(&mut self) {
-        for path in &self.0 {
-            if let Err(e) = std::fs::write(path, "0") {
-                log(format!("warning: could not turn {path} off again: {e}"));
-            }
-        }
-    }
-}
-
-/// Turns the loopback's forwarding on; what was off is turned off again when the guard drops.
-fn loopback_forwarding_on() -> Result<Forwarding> {
-    let mut changed = Forwarding(Vec::new());
+/// Turns the loopback's forwarding on where it is off; returns the switches it turned on. Never
+/// turned off again: it forwards nothing, another `lb decap` of this host may rely on it, and a
+/// process killed with SIGKILL could not anyway. A family the host does not have (IPv6
+/// disabled: no such switch) is skipped.
+fn loopback_forwarding_on() -> Result<Vec<&'static str>> {
+    let mut changed = Vec::new();
     for path in LOOPBACK_FORWARDING {
-        let now = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        let Ok(now) = std::fs::read_to_string(path) else { continue };
         if now.trim() != "1" {
             std::fs::write(path, "1").with_context(|| format!("turning on {path} (second chance routes hops from the loopback)"))?;
-            changed.0.push(path);
+            changed.push(path);
         }
     }
     Ok(changed)
@@ -130,6 +123,12 @@ fn loopback_forwarding_on() -> Result<Forwarding> {
 
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
 fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
+    if a.allow_any && a.second_chance {
+        bail!(
+            "--second-chance sends packets on only to hosts of the allow-list, and --allow-any would make that every \
+             host: give --allow-from PREFIX with the load balancers' and the backends' addresses"
+        );
+    }
     if a.allow_any {
         return Ok(ANY_SOURCE.to_vec());
     }
@@ -165,9 +164,9 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("creating a signalfd")?;
 
     let mut dp = Decap::load(gue_port, second_chance)?;
-    let forwarding = if second_chance { loopback_forwarding_on()? } else { Forwarding(Vec::new()) };
-    if !forwarding.0.is_empty() {
-        log(format!("second chance: turned on {} (lb decap turns it off again at exit)", forwarding.0.join(" and ")));
+    let forwarding = if second_chance { loopback_forwarding_on()? } else { Vec::new() };
+    if !forwarding.is_empty() {
+        log(format!("second chance: turned on {} (the loopback forwards nothing; left on)", forwarding.join(" and ")));
     }
     dp.allow_from(&allow)?;
     let addrs = host_addresses()?;
@@ -223,7 +222,6 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
         }
     };
     drop(xdp);
-    drop(forwarding);
     log(format!("{stop}: detached from {}; {}", ifc.name, counters_text(&dp.counters()?, second_chance)));
     Ok(ExitCode::SUCCESS)
 }
@@ -281,5 +279,14 @@ mod tests {
         let e = args(&["--allow-any", "--allow-from", "10.0.0.0/8"]).err().expect("both");
         assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
         assert!(args(&["--allow-from", "10.0.0.1/8"]).is_err(), "host bits are refused when parsing");
+    }
+
+    #[test]
+    fn second_chance_needs_an_allow_list() {
+        let a = args(&["--allow-any", "--second-chance"]).expect("clap accepts it; run refuses it");
+        let e = allowed(&a).expect_err("an open relay");
+        assert!(e.to_string().contains("--second-chance") && e.to_string().contains("--allow-from"), "{e}");
+        let a = args(&["--allow-from", "10.0.0.0/8", "--second-chance"]).expect("valid");
+        assert_eq!(allowed(&a).expect("a list"), vec![(ip("10.0.0.0"), 8)]);
     }
 }

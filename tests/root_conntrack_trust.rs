@@ -199,9 +199,10 @@ fn entries(dp: &Balancer) -> Vec<(u64, u16, u16)> {
 
 /// Four flows fill a one-bucket flow table and are confirmed (a packet a refresh interval after
 /// the entry was made); then `pairs` spoofed pairs, each a first packet and a next packet of a
-/// fresh flow (SYN then ACK, or two UDP datagrams), all in the same bucket; then a change that
-/// moves all four: how many kept their backend.
-fn pair_flood(udp_flows: bool, pairs: u32) -> (usize, Balancer) {
+/// fresh flow (`first` then ACK: a SYN, or an ACK, which a node takes for a flow picked up in
+/// mid-connection; or two UDP datagrams), all in the same bucket; then a change that moves all
+/// four: how many kept their backend.
+fn pair_flood(udp_flows: bool, pairs: u32, first: u8) -> (usize, Balancer) {
     // 4 slots: one bucket, which every flow's two choices name.
     let (mut dp, a) = setup_pool(A, 4, true);
     // Long timeouts: nothing here may expire, however long a loaded machine stalls.
@@ -225,7 +226,7 @@ fn pair_flood(udp_flows: bool, pairs: u32) -> (usize, Balancer) {
     assert!(entries(&dp).iter().all(|e| e.2 & confirmed != 0), "all four confirmed: {:?}", entries(&dp));
     for i in 0..pairs {
         let (src, sport) = (Ipv4Addr::from(0x0b00_0000 + i), 1024 + (i % 50_000) as u16);
-        send(&dp, src, sport, SYN);
+        send(&dp, src, sport, first);
         send(&dp, src, sport, ACK);
     }
     dp.apply(&b).expect("apply");
@@ -235,15 +236,27 @@ fn pair_flood(udp_flows: bool, pairs: u32) -> (usize, Balancer) {
 
 #[test]
 fn root_spoofed_syn_ack_pairs_do_not_evict_confirmed_flows() {
-    let (kept, dp) = pair_flood(false, 2000);
+    let (kept, dp) = pair_flood(false, 2000, SYN);
     assert_eq!(kept, 4, "every confirmed flow kept its backend through 2,000 spoofed SYN+ACK pairs in its bucket and a change");
     assert_eq!(ct(&dp, types::lb_stat::LB_CT_EVICTED), 0);
     assert!(ct(&dp, types::lb_stat::LB_CT_NO_ROOM) >= 2000, "each pair's ACK found no room");
 }
 
 #[test]
+fn root_spoofed_ack_pairs_do_not_evict_confirmed_flows() {
+    // A node tracks a flow it picks up in mid-connection (issue 23): a spoofed ACK makes a
+    // half-open record, as a SYN does, and a second one an unconfirmed entry, never in a
+    // confirmed flow's slot.
+    let (kept, dp) = pair_flood(false, 2000, ACK);
+    assert_eq!(kept, 4, "every confirmed flow kept its backend through 2,000 spoofed ACK pairs in its bucket and a change");
+    assert_eq!(ct(&dp, types::lb_stat::LB_CT_EVICTED), 0);
+    assert!(ct(&dp, types::lb_stat::LB_CT_ADOPTED) >= 2000, "each pair's first ACK was taken for a flow in mid-connection");
+    assert!(ct(&dp, types::lb_stat::LB_CT_NO_ROOM) >= 2000, "each pair's second ACK found no room");
+}
+
+#[test]
 fn root_spoofed_udp_pairs_do_not_evict_confirmed_flows() {
-    let (kept, dp) = pair_flood(true, 2000);
+    let (kept, dp) = pair_flood(true, 2000, SYN);
     assert_eq!(kept, 4, "every confirmed UDP flow kept its backend through 2,000 spoofed datagram pairs and a change");
     assert_eq!(ct(&dp, types::lb_stat::LB_CT_EVICTED), 0);
 }
@@ -524,7 +537,7 @@ fn root_a_pair_flood_evicts_its_own_young_entries_before_a_quiet_real_flow() {
     // with an RST and another ACK after each pair, back to back: an RST must not let the next
     // packet confirm an entry before its time (confirmed, the flood's entries would stay and
     // take the quiet flows' slots).
-    for shape in [&[SYN, ACK][..], &[SYN, ACK, RST, ACK][..]] {
+    for shape in [&[SYN, ACK][..], &[SYN, ACK, RST, ACK][..], &[ACK, ACK][..], &[ACK, ACK, RST, ACK][..]] {
         let (mut dp, a) = setup_pool(A, 4, true);
         dp.set_conntrack_timeouts(Duration::from_secs(60), Duration::from_secs(60)).expect("timeouts");
         let b = pool(&A.replace(A_LIST, B_LIST));

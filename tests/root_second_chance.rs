@@ -21,7 +21,6 @@ use lb::dataplane::types;
 use lb::flowhash::flow_hash;
 use lb::table::{self, Table, EMPTY};
 
-const XDP_REDIRECT: u32 = 4;
 const SRC4: &str = "10.99.0.2";
 const SRC6: &str = "fd00::2";
 const GUE_PORT: u16 = 6081;
@@ -560,6 +559,7 @@ const HOP4: &str = "10.97.0.12";
 const HOP6: &str = "fd97::12";
 const HOP4B: &str = "10.97.0.13";
 const NO_NEIGH4: &str = "10.97.0.99";
+const OTHER_LINK4: &str = "10.94.0.2";
 const VIP4: &str = "10.98.0.100";
 const VIP6: &str = "fd98::100";
 const CLIENT4: &str = "10.98.0.7";
@@ -584,7 +584,9 @@ struct Links;
 
 impl Drop for Links {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("timeout").args(["10", "ip", "link", "del", "veth0"]).status();
+        for link in ["veth0", "veth2"] {
+            let _ = std::process::Command::new("timeout").args(["10", "ip", "link", "del", link]).status();
+        }
     }
 }
 
@@ -690,6 +692,7 @@ fn moved(a: &DecapCounters, b: &DecapCounters) -> Vec<(&'static str, u64)> {
         ("sent_on", b.sent_on - a.sent_on),
         ("exhausted", b.exhausted - a.exhausted),
         ("no_route", b.no_route - a.no_route),
+        ("hop_refused", b.hop_refused - a.hop_refused),
     ]
     .into_iter()
     .filter(|m| m.1 != 0)
@@ -700,7 +703,9 @@ fn moved(a: &DecapCounters, b: &DecapCounters) -> Vec<(&'static str, u64)> {
 /// exactly the counters `which` by one each.
 fn check(de: &Decap, what: &str, f: &[u8], action: u32, out: Option<&[u8]>, which: &[&'static str]) -> Vec<u8> {
     let before = counters(de);
-    let (a, got) = de.test_run(f).expect("decap");
+    // As if from veth0 (its receive queue, its namespace): a packet sent back out of it is XDP_TX.
+    let veth0 = lb::dataplane::link::interface("veth0").expect("veth0").ifindex;
+    let (a, got) = de.test_run_on(f, veth0).expect("decap");
     let after = counters(de);
     assert_eq!(a, action, "{what}: action (counters moved: {:?})", moved(&before, &after));
     if let Some(want) = out {
@@ -882,6 +887,9 @@ fn backend_side() {
     run(&["ip", "addr", "add", &format!("{HERE4}/24"), "dev", "veth0"]);
     run(&["ip", "addr", "add", &format!("{HERE6}/64"), "dev", "veth0", "nodad"]);
     run(&["ip", "link", "set", "veth0", "up"]);
+    // veth1 stays silent (no addresses, no IPv6 autoconfiguration): nothing but the test's own
+    // runs reaches the program attached to veth0, whose counters the checks compare exactly.
+    run(&["sysctl", "-qw", "net.ipv6.conf.veth1.disable_ipv6=1"]);
     run(&["ip", "link", "set", "veth1", "up"]);
     for a in [VIP4, CLIENT4] {
         run(&["ip", "addr", "add", &format!("{a}/32"), "dev", "lo"]);
@@ -892,14 +900,25 @@ fn backend_side() {
     for h in [HOP4, HOP4B, HOP6] {
         run(&["ip", "neigh", "add", h, "lladdr", "02:00:00:00:00:02", "nud", "permanent", "dev", "veth0"]);
     }
+    // Another interface, with a resolved neighbour: a hop whose route leaves by it.
+    run(&["ip", "link", "add", "veth2", "type", "veth", "peer", "name", "veth3"]);
+    run(&["ip", "addr", "add", "10.94.0.1/24", "dev", "veth2"]);
+    run(&["ip", "link", "set", "veth2", "up"]);
+    run(&["ip", "link", "set", "veth3", "up"]);
+    run(&["ip", "neigh", "add", OTHER_LINK4, "lladdr", "02:00:00:00:00:03", "nud", "permanent", "dev", "veth2"]);
 
     let load = |second_chance: bool| {
         let mut de = Decap::load(GUE_PORT, second_chance).expect("load decap");
-        de.allow_from(&[(ip("10.96.0.0"), 24), (ip(LB6), 128)]).expect("allow");
+        // The load balancers, the backends (the hops) and a prefix with no route.
+        let allow = [(ip("10.96.0.0"), 24), (ip(LB6), 128), (ip("10.97.0.0"), 24), (ip("fd97::"), 64), (ip("10.95.0.0"), 16), (ip("10.94.0.0"), 24)];
+        de.allow_from(&allow).expect("allow");
         de.set_local(&host_addresses().expect("addresses")).expect("local");
         de
     };
     let de = load(true);
+    // An XDP program on veth0 registers its receive queue, which a test run "arriving" there needs.
+    let veth0 = lb::dataplane::link::interface("veth0").expect("veth0").ifindex;
+    let _attached = lb::dataplane::link::attach(de.program_fd(), veth0, lb::dataplane::link::XdpMode::Native).expect("attach to veth0");
 
     let (lb4, here4, hop4, hop4b) = (ip(LB4), ip(HERE4), ip(HOP4), ip(HOP4B));
     let (lb6, here6, hop6) = (ip(LB6), ip(HERE6), ip(HOP6));
@@ -950,7 +969,7 @@ fn backend_side() {
         check(&de, what, &f, XDP_PASS, Some(&decapsulated(&f, &inner)), &["hop_local", "decapsulated"]);
         let inner = icmp_error(vip, PORT, client, cport.wrapping_add(1));
         let f = gue_frame(lb, here, 64, &[hop], 0, &inner);
-        check(&de, &format!("{what}: another client port"), &f, XDP_REDIRECT, Some(&sent_on(&f, &[hop], 0)), &["sent_on"]);
+        check(&de, &format!("{what}: another client port"), &f, XDP_TX, Some(&sent_on(&f, &[hop], 0)), &["sent_on"]);
     }
 
     // (c) An ACK of a tuple this host has no socket for, to the listener's port: sent on,
@@ -964,7 +983,7 @@ fn backend_side() {
     ];
     for (what, lb, here, hops, inner) in &cases {
         let f = gue_frame(*lb, *here, 64, hops, 0, inner);
-        let out = check(&de, what, &f, XDP_REDIRECT, Some(&sent_on(&f, hops, 0)), &["sent_on"]);
+        let out = check(&de, what, &f, XDP_TX, Some(&sent_on(&f, hops, 0)), &["sent_on"]);
         // The same, said field by field.
         if here.is_ipv4() {
             assert_eq!(&out[26..30], &f[30..34], "{what}: from the address it came to");
@@ -985,17 +1004,17 @@ fn backend_side() {
     }
     // The second hop of a list whose first was tried: on to it.
     let f = gue_frame(lb4, here4, 64, &[hop4, hop4b], 1, &unknown4);
-    check(&de, "the second hop", &f, XDP_REDIRECT, Some(&sent_on(&f, &[hop4, hop4b], 1)), &["sent_on"]);
+    check(&de, "the second hop", &f, XDP_TX, Some(&sent_on(&f, &[hop4, hop4b], 1)), &["sent_on"]);
     // Control for (b): the established connection aborted, its ACK is sent on too.
     abort(s4);
     drop(c4);
     let inner = segment(client4, vip4, cport4, PORT, ACK);
     let f = gue_frame(lb4, here4, 64, &[hop4], 0, &inner);
-    check(&de, "an ACK of a connection aborted here", &f, XDP_REDIRECT, Some(&sent_on(&f, &[hop4], 0)), &["sent_on"]);
+    check(&de, "an ACK of a connection aborted here", &f, XDP_TX, Some(&sent_on(&f, &[hop4], 0)), &["sent_on"]);
     // ... and an ACK to a port nobody listens on.
     let inner = segment(stranger4, vip4, 40_002, 9, ACK);
     let f = gue_frame(lb4, here4, 64, &[hop4], 0, &inner);
-    check(&de, "an ACK to a closed port", &f, XDP_REDIRECT, Some(&sent_on(&f, &[hop4], 0)), &["sent_on"]);
+    check(&de, "an ACK to a closed port", &f, XDP_TX, Some(&sent_on(&f, &[hop4], 0)), &["sent_on"]);
 
     // (d) The list used up, the next hop this host, the TTL at its end: delivered here.
     for (what, ttl, hops, next) in [
@@ -1007,11 +1026,35 @@ fn backend_side() {
         let f = gue_frame(lb4, here4, ttl, &hops, next, &unknown4);
         check(&de, what, &f, XDP_PASS, Some(&decapsulated(&f, &unknown4)), &["exhausted", "decapsulated"]);
     }
-    // No route to the hop, or no neighbour entry for it: delivered here.
-    for (what, hop) in [("no route to the hop", ip("203.0.113.9")), ("no neighbour for the hop", ip(NO_NEIGH4))] {
+    // No route to the hop, no neighbour entry for it, or a route by another interface (which
+    // XDP_TX cannot take): delivered here.
+    for (what, hop) in [
+        ("no route to the hop", ip("10.95.0.9")),
+        ("no neighbour for the hop", ip(NO_NEIGH4)),
+        ("a hop behind another interface", ip(OTHER_LINK4)),
+    ] {
         let f = gue_frame(lb4, here4, 64, &[hop], 0, &unknown4);
         check(&de, what, &f, XDP_PASS, Some(&decapsulated(&f, &unknown4)), &["no_route", "decapsulated"]);
     }
+    // A hop outside the allow-list: never sent to, whoever wrote the list (else any host allowed
+    // to send GUE here could have this one send packets anywhere, from its address).
+    for (what, hop) in [("a hop outside the allow-list", ip("203.0.113.9")), ("the same, IPv6", ip("2001:db8:99::9"))] {
+        let (lb, here, inner) = if hop.is_ipv4() { (lb4, here4, &unknown4) } else { (lb6, here6, &unknown6) };
+        let f = gue_frame(lb, here, 64, &[hop], 0, inner);
+        check(&de, what, &f, XDP_PASS, Some(&decapsulated(&f, inner)), &["hop_refused", "decapsulated"]);
+    }
+    // An inner IPv4 fragment: whatever its bytes say, its ports are not there to look up.
+    let mut frag = unknown4.clone();
+    frag[6] |= 0x20; // more fragments
+    let c = csum(&{
+        let mut h = frag[..20].to_vec();
+        h[10] = 0;
+        h[11] = 0;
+        h
+    });
+    frag[10..12].copy_from_slice(&c.to_be_bytes());
+    let f = gue_frame(lb4, here4, 64, &[hop4], 0, &frag);
+    check(&de, "an inner first fragment", &f, XDP_PASS, Some(&decapsulated(&f, &frag)), &["hop_local", "decapsulated"]);
 
     // (e) A hop list from a source outside the allow-list: dropped, never sent on.
     for (what, src, here, hop, inner) in [
@@ -1057,7 +1100,7 @@ fn backend_side() {
         check(&de, &format!("{what}: a SYN cookie's ACK"), &f, XDP_PASS, Some(&decapsulated(&f, &ack)), &["hop_local", "decapsulated"]);
         let wrong = ack_plus_one(&ack);
         let f = gue_frame(lb, here, 64, &[hop], 0, &wrong);
-        check(&de, &format!("{what}: the ACK with ack_seq + 1"), &f, XDP_REDIRECT, Some(&sent_on(&f, &[hop], 0)), &["sent_on"]);
+        check(&de, &format!("{what}: the ACK with ack_seq + 1"), &f, XDP_TX, Some(&sent_on(&f, &[hop], 0)), &["sent_on"]);
     }
 
     drop((s6, c6, l4, l6, lc4, lc6));

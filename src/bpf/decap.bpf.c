@@ -25,7 +25,7 @@
  * from this host to the hop, the list's index advanced, out through the route to it
  * (bpf_fib_lookup) to its next hop's MAC. The list only shrinks, so a packet cannot loop; the
  * last backend delivers it whatever it finds. Only packets that passed the checks above are
- * sent on, so the allow-list guards them too. */
+ * sent on, so the allow-list guards them too. The code is second_chance.h's. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -68,18 +68,6 @@ const volatile __be16 gue_port = 0;
 /* 1: `--second-chance`, set by user space before loading. */
 const volatile __u8 second_chance = 0;
 
-/* A second-chance hop list found in a GUE version 0 header: where its block (struct
- * lb_gue_hops) starts, as an offset from the frame's start (0: none). */
-struct hops_at {
-	__u32 off;
-	__u8 next;
-	__u8 count;
-};
-
-/* Address families as bpf_fib_lookup() takes them. */
-#define AF_INET_ 2
-#define AF_INET6_ 10
-
 const volatile enum lb_decap_stat lb_decap_stat_btf = LB_DECAP_STAT_MAX;
 
 static __always_inline int dcount(__u32 stat, int action)
@@ -110,6 +98,8 @@ static __always_inline int is_allowed(const __u32 a[4], __u8 family)
 	__builtin_memcpy(key.addr, a, 16);
 	return bpf_map_lookup_elem(&allow_from, &key) != NULL;
 }
+
+#include "second_chance.h"
 
 /* ECN codepoints (the low two bits of the IPv4 TOS and of the IPv6 traffic class). */
 #define ECN_NOT_ECT 0
@@ -211,231 +201,6 @@ static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, 
 		}
 	}
 	return 0;
-}
-
-/* Whether this host holds the connection of the TCP segment `th` in the inner packet `iph` (of
- * `family`, `iph_len` bytes of header): a socket other than a listener (established, closing,
- * a request socket of a handshake under way, TIME_WAIT), or, with only a listener, the ACK that
- * completes a handshake answered with one of this host's SYN cookies. */
-static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *th, __u8 family)
-{
-	struct bpf_sock_tuple t = {};
-	struct bpf_sock *sk;
-	int mine = 0;
-
-	if (family == LB_FAMILY_V4) {
-		struct iphdr *in = iph;
-
-		t.ipv4.saddr = in->saddr;
-		t.ipv4.daddr = in->daddr;
-		t.ipv4.sport = th->source;
-		t.ipv4.dport = th->dest;
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
-	} else {
-		struct ipv6hdr *in = iph;
-
-		__builtin_memcpy(t.ipv6.saddr, &in->saddr, 16);
-		__builtin_memcpy(t.ipv6.daddr, &in->daddr, 16);
-		t.ipv6.sport = th->source;
-		t.ipv6.dport = th->dest;
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
-	}
-	if (!sk)
-		return 0;
-	if (sk->state != BPF_TCP_LISTEN)
-		mine = 1;
-	else if (th->ack && !th->syn && !th->rst)
-		mine = (family == LB_FAMILY_V4 ? bpf_tcp_raw_check_syncookie_ipv4(iph, th)
-					       : bpf_tcp_raw_check_syncookie_ipv6(iph, th)) == 0;
-	bpf_sk_release(sk);
-	return mine;
-}
-
-/* Whether this host holds the connection an ICMP error at `ic` (in an inner packet of `family`)
- * is about: a destination unreachable (or IPv6 packet too big) quoting a TCP segment this host
- * sent from a VIP to a client, whose connection is found by the quote's addresses and ports
- * turned round, as the client's own packets carry them. An error about anything else is for
- * this host. */
-static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end, __u8 family)
-{
-	struct bpf_sock_tuple t = {};
-	struct bpf_sock *sk;
-	__be16 *ports;
-	int mine;
-
-	if (family == LB_FAMILY_V4) {
-		struct icmphdr *h = ic;
-		struct iphdr *q = (void *)(h + 1);
-
-		if ((void *)(q + 1) > end || h->type != 3 || q->protocol != IPPROTO_TCP || q->ihl < 5)
-			return 1;
-		ports = (void *)q + q->ihl * 4;
-		if ((void *)(ports + 2) > end)
-			return 1;
-		t.ipv4.saddr = q->daddr;
-		t.ipv4.daddr = q->saddr;
-		t.ipv4.sport = ports[1];
-		t.ipv4.dport = ports[0];
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
-	} else {
-		struct icmp6hdr *h = ic;
-		struct ipv6hdr *q = (void *)(h + 1);
-
-		if ((void *)(q + 1) > end || (h->icmp6_type != 1 && h->icmp6_type != 2) || q->nexthdr != IPPROTO_TCP)
-			return 1;
-		ports = (void *)(q + 1);
-		if ((void *)(ports + 2) > end)
-			return 1;
-		__builtin_memcpy(t.ipv6.saddr, &q->daddr, 16);
-		__builtin_memcpy(t.ipv6.daddr, &q->saddr, 16);
-		t.ipv6.sport = ports[1];
-		t.ipv6.dport = ports[0];
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
-	}
-	if (!sk)
-		return 0;
-	mine = sk->state != BPF_TCP_LISTEN;
-	bpf_sk_release(sk);
-	return mine;
-}
-
-/* Second chance for a packet whose hop list is at `h` and whose inner packet (of `family`) is
- * at l3 + strip, the outer header (of `outer`) at l3: an XDP action when the packet was sent on
- * (or dropped), -1 when it is for this host. */
-static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __u32 strip, __u8 family, __u8 outer,
-					      const struct hops_at *h)
-{
-	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-	void *l3 = data + l2len, *inner = l3 + strip;
-	struct bpf_fib_lookup fib = {};
-	struct lb_gue_hops *gh;
-	struct tcphdr *th;
-	__u32 hop[4] = {}, here[4] = {};
-	__u8 nh;
-	int rc;
-
-	if (family == LB_FAMILY_V4) {
-		struct iphdr *in = inner;
-
-		if ((void *)(in + 1) > end)
-			return -1;
-		nh = in->protocol;
-		th = inner + in->ihl * 4;
-	} else {
-		struct ipv6hdr *in = inner;
-
-		if ((void *)(in + 1) > end)
-			return -1;
-		nh = in->nexthdr;
-		th = (void *)(in + 1);
-	}
-	if (family == LB_FAMILY_V4 ? (void *)((struct iphdr *)inner + 1) > end : (void *)((struct ipv6hdr *)inner + 1) > end)
-		return -1;
-	/* An ICMP error about a connection (path MTU discovery's "too big") goes where the
-	 * connection is, like the connection's own packets. */
-	if (nh == (family == LB_FAMILY_V4 ? IPPROTO_ICMP : IPPROTO_ICMPV6_)) {
-		if ((void *)th + 8 > end || holds_quoted(ctx, th, end, family))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-	} else {
-		/* Not TCP (UDP has no connection to look for), or a SYN: here. */
-		if (nh != IPPROTO_TCP || (void *)(th + 1) > end || (th->syn && !th->ack))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-		if (holds(ctx, inner, th, family))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-	}
-	if (h->next >= h->count || h->next >= LB_GUE_MAX_HOPS)
-		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-	gh = data + (h->off & 0xff);
-	if ((void *)(gh + 1) > end)
-		return -1;
-	if (outer == LB_FAMILY_V4) {
-		__be32 *a = (void *)(gh + 1) + (h->next & 3) * 4;
-
-		if ((void *)(a + 1) > end)
-			return -1;
-		hop[0] = *a;
-	} else {
-		__be32 *a = (void *)(gh + 1) + (h->next & 3) * 16;
-
-		if ((void *)(a + 4) > end)
-			return -1;
-		__builtin_memcpy(hop, a, 16);
-	}
-	/* The next hop is this host: the list led back here (never by lb's hand). */
-	if (is_local(hop, outer))
-		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-	/* Routed as if this host sent it (from the loopback, ifindex 1 in every namespace): the
-	 * helper answers only for an input device with forwarding on, and lb decap turns it on for
-	 * the loopback, which no packet from outside arrives on, rather than for the interface,
-	 * which would make the backend a router for whoever reaches it. */
-	fib.ifindex = 1;
-	fib.l4_protocol = IPPROTO_UDP;
-	if (outer == LB_FAMILY_V4) {
-		struct iphdr *ip = l3;
-
-		if ((void *)(ip + 1) > end)
-			return -1;
-		if (ip->ttl <= 1)
-			return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-		fib.family = AF_INET_;
-		fib.tos = ip->tos;
-		fib.tot_len = bpf_ntohs(ip->tot_len);
-		fib.ipv4_src = ip->daddr;
-		fib.ipv4_dst = hop[0];
-	} else {
-		struct ipv6hdr *ip6 = l3;
-
-		if ((void *)(ip6 + 1) > end)
-			return -1;
-		if (ip6->hop_limit <= 1)
-			return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-		fib.family = AF_INET6_;
-		fib.tot_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-		__builtin_memcpy(fib.ipv6_src, &ip6->daddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, hop, 16);
-	}
-	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
-		return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
-	/* Sent on: from this host (the address the packet came to) to the hop, one hop fewer to
-	 * live, the list's index past it. The UDP checksum is zero, as lb sends it. */
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	l3 = data + l2len;
-	gh = data + (h->off & 0xff);
-	if ((void *)(gh + 1) > end || data + 14 > end)
-		return -1;
-	gh->next = h->next + 1;
-	if (outer == LB_FAMILY_V4) {
-		struct iphdr *ip = l3;
-		struct udphdr *udp = (void *)(ip + 1);
-
-		if ((void *)(udp + 1) > end)
-			return -1;
-		ip->saddr = ip->daddr;
-		ip->daddr = hop[0];
-		ip->ttl--;
-		ip->check = 0;
-		ip->check = ipv4_csum(ip);
-		udp->check = 0;
-	} else {
-		struct ipv6hdr *ip6 = l3;
-		struct udphdr *udp = (void *)(ip6 + 1);
-
-		if ((void *)(udp + 1) > end)
-			return -1;
-		__builtin_memcpy(here, &ip6->daddr, 16);
-		__builtin_memcpy(&ip6->saddr, here, 16);
-		__builtin_memcpy(&ip6->daddr, hop, 16);
-		ip6->hop_limit--;
-		udp->check = 0;
-	}
-	__builtin_memcpy(data, fib.dmac, 6);
-	__builtin_memcpy(data + 6, fib.smac, 6);
-	dcount(LB_DECAP_HOP_SENT_ON, 0);
-	if (fib.ifindex == ctx->ingress_ifindex)
-		return XDP_TX;
-	return bpf_redirect(fib.ifindex, 0);
 }
 
 SEC("xdp")

@@ -13,7 +13,7 @@
  *
  * This file holds the entry and the per-family handlers; each step lives in the header of its
  * concern: parse.h (headers and ports), route.h (service, slot, backend, send), hash.h (the flow
- * hash), flow.h (connection tracking), encap.h (IPIP/GUE), icmp.h ("too big" answers), csum.h,
+ * hash), flow.h (the flow tables), conntrack.h (connection tracking's policy), encap.h (IPIP/GUE), icmp.h ("too big" answers), csum.h,
  * and maps.h (the maps and counters). They are included in the order their names are used. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -29,6 +29,7 @@
 #include "frag.h"
 #include "route.h"
 #include "flow.h"
+#include "conntrack.h"
 
 /* ICMPv4 destination unreachable (any code) addressed to a VIP, quoting a packet that the VIP
  * sent to a client (a backend's reply): routed to that flow's backend. Anything else is passed. */

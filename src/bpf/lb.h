@@ -326,8 +326,10 @@ enum lb_decap_stat {
 				* the next hop of its list (not decapsulated here) */
 	LB_DECAP_HOP_EXHAUSTED, /* second chance: no connection here and no hop left (or the next hop
 				 * is this host): delivered here all the same */
-	LB_DECAP_HOP_NO_ROUTE, /* second chance: the next hop has no route or no resolved neighbour:
-				* delivered here */
+	LB_DECAP_HOP_NO_ROUTE, /* second chance: the next hop has no route or no resolved neighbour,
+				* or its route leaves by another interface: delivered here */
+	LB_DECAP_HOP_REFUSED,  /* second chance: the next hop is outside the allow-list (lb decap
+				* sends only to the hosts it trusts): delivered here */
 	LB_DECAP_STAT_MAX,
 };
 

@@ -2,7 +2,7 @@
 /* From a parsed packet to a backend, without connection tracking: which service its destination
  * address, port and protocol name (vip_index, then routes or services), which slot of that
  * service's destination table its flow hash selects, which backend that slot holds, and sending
- * the frame there in the service's forwarding mode. Kept apart from the flow table (flow.h),
+ * the frame there in the service's forwarding mode. Kept apart from the flow table (flow.h, conntrack.h),
  * which only decides which backend a flow keeps. Handlers return LB_SEND with their choice, and
  * lb_xdp() calls send() once.
  * Included by lb.bpf.c after lb.h, parse.h, maps.h, encap.h and frag.h, whose names it uses. */

@@ -49,8 +49,11 @@ pub struct DecapCounters {
     /// Second chance: packets for no connection here whose list was used up (or led back
     /// here): decapsulated here all the same.
     pub exhausted: u64,
-    /// Second chance: packets whose next hop had no route or neighbour: decapsulated here.
+    /// Second chance: packets whose next hop had no route or neighbour, or whose route leaves
+    /// by another interface: decapsulated here.
     pub no_route: u64,
+    /// Second chance: packets whose next hop is outside the allow-list: decapsulated here.
+    pub hop_refused: u64,
 }
 
 /// Every address of either family: what `lb decap --allow-any` allows.
@@ -142,12 +145,36 @@ impl Decap {
             sent_on: read(S::LB_DECAP_HOP_SENT_ON)?,
             exhausted: read(S::LB_DECAP_HOP_EXHAUSTED)?,
             no_route: read(S::LB_DECAP_HOP_NO_ROUTE)?,
+            hop_refused: read(S::LB_DECAP_HOP_REFUSED)?,
         })
     }
 
     /// Runs the program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame).
     pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         super::test_run_once(&self.skel.progs.lb_decap, frame)
+    }
+
+    /// Runs the program once on `frame` as if it arrived on interface `ifindex` (which must have
+    /// an XDP program attached, so that its receive queue is registered): (XDP action, output
+    /// frame). The interface's network namespace is then the one socket and route lookups see,
+    /// and a packet second chance sends back out of it returns XDP_TX.
+    pub fn test_run_on(&self, frame: &[u8], ifindex: u32) -> Result<(u32, Vec<u8>)> {
+        let mut ctx = xdp_md_in(frame.len(), ifindex);
+        let mut out = vec![0u8; frame.len() + 256];
+        let input = libbpf_rs::ProgramInput { data_in: Some(frame), data_out: Some(&mut out), context_in: Some(&mut ctx), ..Default::default() };
+        let output = self.skel.progs.lb_decap.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        let len = output.data.as_ref().map_or(0, |d| d.len());
+        let action = output.return_value;
+        out.truncate(len);
+        Ok((action, out))
+    }
+
+    /// [`Decap::test_run_on`], `repeat` times on one buffer: (last XDP action, mean time per run).
+    pub fn test_run_on_repeat(&self, frame: &[u8], ifindex: u32, repeat: u32) -> Result<(u32, std::time::Duration)> {
+        let mut ctx = xdp_md_in(frame.len(), ifindex);
+        let input = libbpf_rs::ProgramInput { data_in: Some(frame), context_in: Some(&mut ctx), repeat, ..Default::default() };
+        let output = self.skel.progs.lb_decap.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        Ok((output.return_value, output.duration))
     }
 
     /// Runs the program `repeat` times on `frame` in one BPF_PROG_TEST_RUN (one buffer: later
@@ -157,6 +184,12 @@ impl Decap {
         let output = self.skel.progs.lb_decap.test_run(input).context("BPF_PROG_TEST_RUN")?;
         Ok((output.return_value, output.duration))
     }
+}
+
+/// BPF_PROG_TEST_RUN's context for an XDP frame of `len` bytes arriving on `ifindex` (struct
+/// xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex).
+fn xdp_md_in(len: usize, ifindex: u32) -> Vec<u8> {
+    [0u32, len as u32, 0, ifindex, 0, 0].iter().flat_map(|w| w.to_ne_bytes()).collect()
 }
 
 /// Every address of every interface in this network namespace (both families).

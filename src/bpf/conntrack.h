@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Connection tracking's policy, on the flow tables of flow.h: ct_choose() decides which packets
+ * make, keep, confirm, promote, reset, adopt or remake an entry, with or without the ct_guard;
+ * tracked() calls it for a packet; route_icmp() sends an ICMP error to its flow's backend. Its own
+ * header, as conntrack is its own concern beside routing: route.h decides for a flow that has no
+ * usable entry, this file decides whether it has one. Included by lb.bpf.c after flow.h and
+ * route.h (pick_in(), pick()); it returns backend ids, and lb.bpf.c sends. docs/data-plane.md
+ * ("Connection tracking against crafted packets") and docs/security.md say what each rule
+ * defends against. */
+#ifndef LB_CONNTRACK_H
+#define LB_CONNTRACK_H
+
+/* How long a tracked flow must have been silent before a pure SYN on its 5-tuple is taken for
+ * a new connection and picks afresh (about 30 s, or half the flow's timeout if that is
+ * shorter): a client reuses a 5-tuple only once its old connection has ended, and a real
+ * connection is rarely silent that long; while the flow is active a SYN follows the entry (the
+ * backend answers an in-window SYN with a challenge ACK), so a blind spoofed SYN cannot move
+ * it. */
+#define LB_CT_SYN_IDLE_TICKS 1788
+
+static __always_inline __u32 ct_syn_idle(__u32 timeout)
+{
+	return timeout != 0 && timeout / 2 < LB_CT_SYN_IDLE_TICKS ? timeout / 2 : LB_CT_SYN_IDLE_TICKS;
+}
+
+/* An RST's effect on `seen`: the entry then lives LB_CT_RESET_TICKS from `seen` (usable()),
+ * so this makes it end about 4 s from now, or when it would have ended anyway if that is sooner
+ * (an RST never extends an entry). An unconfirmed entry keeps its `seen`: its flow's first packets
+ * set it, and the packet that confirms it must come a refresh interval after them, spoofed RSTs
+ * in between or not. */
+static __always_inline __u32 reset_seen(const struct flow_word *f, __u32 timeout, __u32 now)
+{
+	__u32 last;
+
+	if (!(f->flags & LB_FLOW_CONFIRMED) || (timeout != 0 && timeout <= LB_CT_RESET_TICKS))
+		return f->seen;
+	if (timeout == 0)
+		return now;
+	last = f->seen + timeout - LB_CT_RESET_TICKS;
+	return (__s32)(last - now) >= 0 ? now : last;
+}
+
+/* A hit's bookkeeping, one compare-and-swap of the word when anything changes (lost to a
+ * writer that replaced the slot meanwhile, which is harmless). Never for a pure SYN, which
+ * proves nothing (a retransmitted or spoofed SYN): it neither refreshes nor confirms. An RST
+ * leaves the entry LB_CT_RESET_TICKS to live (reset_seen()), counted from the first RST (more
+ * RSTs do not extend it, so an RST spray cannot keep a flow looking alive). Any other packet
+ * rewrites `seen` once it is older than the refresh interval, and confirms the entry then; a
+ * packet sooner than that after an RST clears the reset (the flow goes on: RSTs can be spoofed)
+ * and changes nothing else, so RSTs neither confirm an entry nor keep one from being
+ * confirmed. */
+static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int rst)
+{
+	__u32 every = ct_refresh_every(timeout);
+
+	if (rst) {
+		if (f.flags & LB_FLOW_RESET)
+			return;
+		f.seen = reset_seen(&f, timeout, now);
+		f.flags |= LB_FLOW_RESET;
+	} else if (now - f.seen >= every) {
+		f.flags = (f.flags & ~LB_FLOW_RESET) | LB_FLOW_CONFIRMED;
+		f.seen = now;
+	} else if (f.flags & LB_FLOW_RESET) {
+		f.flags &= ~LB_FLOW_RESET;
+	} else {
+		return;
+	}
+	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
+}
+
+/* The backend a second-chance service's flow picked up in mid-connection is tracked to, when
+ * not the table's: its slot's first hop (the slot's owner in the previous pool) while that
+ * backend lives, else 0. A connection this node has never seen, on a slot that changed owner,
+ * most likely began before the change; its packets carry the slot's owner in their hop list in
+ * case it did not, and there the backend's second chance sends them on. Passed to ct_choose()
+ * in the high half of `proto_flags`. */
+static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
+{
+	__u32 slot, half, hop;
+	struct lb_hop_pair *hp;
+	struct lb_backend *be;
+
+	if (svc->slots == 0 || svc->forward != LB_FWD_GUE || !(svc->flags & LB_SVC_SECOND_CHANCE))
+		return 0;
+	slot = svc->base + hash % svc->slots;
+	half = slot >> 1;
+	hp = bpf_map_lookup_elem(&table_hops, &half);
+	if (!hp)
+		return 0;
+	hop = hp->slot[slot & 1].id[0];
+	if (hop == 0)
+		return 0;
+	be = bpf_map_lookup_elem(&backends, &hop);
+	return be && (be->flags & LB_BACKEND_ALIVE) && (be->flags & LB_BACKEND_MAC_KNOWN) ? hop : 0;
+}
+
+/* Connection tracking, for a flow with keyed tag `tag` and flow hash `hash` of a service whose
+ * destination table is `table` (its base in the high half, its size in the low one), `proto`
+ * and the TCP flags in `proto_flags`' low two bytes: the backend id the packet goes to, or 0
+ * (dropped, counted). A global function, so the verifier checks it once, on its own, with
+ * scalar arguments, rather than again on every parsing path that reaches it: inlined into the
+ * IPv4 and IPv6 paths it took the program past the verifier's million-instruction budget.
+ *
+ * A flow with a usable entry goes to its backend whatever the table says now; otherwise the
+ * table decides. With ct_guard on, a flow's first packet (a TCP SYN without
+ * ACK, any UDP datagram) is recorded in flow_pending with the backend it went to; its next
+ * packet makes it an entry of `flows`, taking a free slot or one whose flow is not confirmed or
+ * no longer leads anywhere, never a confirmed flow's (else it stays half-open, counted
+ * no_room); a packet of the flow a refresh interval later confirms it. So spoofed packets,
+ * which lb cannot tell from real ones (it never sees the backend's answers), can only displace
+ * unconfirmed flows, the youngest first (evict_rank()). A stale entry (its backend gone, down,
+ * the flow idle too long or past its reset life) is remade from the table by any packet, and so
+ * is an entry silent for ct_syn_idle() when a pure SYN comes: a new connection on the same
+ * ports; on an active entry a SYN follows it. With ct_guard
+ * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
+ * is the flow's keyed tag (flow_tag16/flow_tag40). */
+__noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags)
+{
+	__u8 proto = proto_flags, tcp_flags = proto_flags >> 8;
+	__u32 now = ct_now(), timeout = ct_timeout_ticks(proto);
+	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
+	int syn = proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	int rst = proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST);
+	/* A packet that may start a flow: a SYN, or any UDP datagram without an entry. */
+	int first = syn || proto == IPPROTO_UDP;
+	/* A TCP packet in mid-connection with no entry here (the flow began on another node, or
+	 * before this one started): adopted, tracked from now on like a flow's first packet, so a
+	 * later change of its slot does not move it. Never an RST, which ends what it touches. */
+	int adopt = proto == IPPROTO_TCP && !syn && !rst;
+	__u32 pflags = (proto == IPPROTO_UDP ? LB_FLOW_UDP : 0) | (rst ? LB_FLOW_RESET : 0);
+	struct lb_flow *e, *pe;
+	struct flow_word f;
+	__u64 w;
+
+	tag |= 1;
+	e = flow_find(&flows, mask, 2, tag, &f, &w);
+	if (e) {
+		int ok = usable(&f, timeout, now);
+
+		/* A pure SYN follows a live entry (a retransmitted SYN; a spoofed one, which the
+		 * backend answers with a challenge ACK) unless the flow has been silent long
+		 * enough to have ended: then it is a new connection on the same ports. */
+		if (ok && !(syn && !(f.flags & LB_FLOW_RESET) && now - f.seen >= ct_syn_idle(timeout))) {
+			if (!syn)
+				refresh(e, f, w, timeout, now, rst);
+			count(LB_CT_HIT, 0);
+			return f.backend;
+		}
+		if (!ok)
+			count(LB_CT_STALE, 0);
+		id = pick_in(table >> 32, (__u32)table, hash);
+		if (id == 0)
+			return 0;
+		gen = bpf_map_lookup_elem(&backend_gen, &id);
+		flow_put(&flows, mask, 2, tag, e, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
+		count(LB_CT_NEW, 0);
+		return id;
+	}
+	count(LB_CT_MISS, 0);
+	if (lb_settings.ct_guard) {
+		pe = flow_find(&flow_pending, pmask, 1, tag, &f, &w);
+		if (pe) {
+			int stale = !usable(&f, timeout, now);
+			int put;
+
+			if (stale) {
+				/* Its first packet went to a backend that is gone or down (or long
+				 * ago): the table decides again. */
+				count(LB_CT_STALE, 0);
+				id = pick_in(table >> 32, (__u32)table, hash);
+				if (id == 0)
+					return 0;
+				gen = bpf_map_lookup_elem(&backend_gen, &id);
+				f.backend = id;
+				f.gen = gen ? *gen : 0;
+			}
+			if (syn) {
+				/* A SYN sent again: where the first one went. */
+				if (stale)
+					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+				else
+					count(LB_CT_HIT, 0);
+				return f.backend;
+			}
+			/* The flow's next packet: established, with the backend its first went to,
+			 * if its buckets have room it may take. */
+			if (!rst) {
+				put = flow_put(&flows, mask, 2, tag, NULL, flow_pack(f.backend, f.gen, pflags, now), 1, now);
+				if (put >= 0) {
+					if (put > 0)
+						count(LB_CT_EVICTED, 0);
+					count(LB_CT_NEW, 0);
+					flow_end(pe, tag);
+				} else {
+					/* Followed through its half-open record, which is kept
+					 * fresh as a tracked flow's entry is (and cleared of a reset):
+					 * else it would run out a timeout after the flow's first
+					 * packet, and the flow be re-picked in mid-stream. */
+					count(LB_CT_NO_ROOM, 0);
+					if (stale)
+						flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+					else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout))
+						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
+				}
+			} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
+				/* An RST shortens a half-open record's life as it does an
+				 * unconfirmed entry's (it may be spoofed): about 4 s from the
+				 * flow's last packet. */
+				f.flags |= LB_FLOW_RESET;
+				__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
+			} else if (stale) {
+				flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+			}
+			if (!stale)
+				count(LB_CT_HIT, 0);
+			return f.backend;
+		}
+		id = pick_in(table >> 32, (__u32)table, hash);
+		if (id == 0)
+			return 0;
+		if (adopt && (proto_flags >> 16))
+			id = proto_flags >> 16;
+		if (first || adopt) {
+			gen = bpf_map_lookup_elem(&backend_gen, &id);
+			flow_put(&flow_pending, pmask, 1, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
+			count(LB_CT_PENDING, 0);
+			if (adopt)
+				count(LB_CT_ADOPTED, 0);
+		}
+		return id;
+	}
+	id = pick_in(table >> 32, (__u32)table, hash);
+	if (id == 0)
+		return 0;
+	if (adopt && (proto_flags >> 16))
+		id = proto_flags >> 16;
+	if (adopt)
+		count(LB_CT_ADOPTED, 0);
+	if (first || adopt) {
+		gen = bpf_map_lookup_elem(&backend_gen, &id);
+		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now) > 0)
+			count(LB_CT_EVICTED, 0);
+		count(LB_CT_NEW, 0);
+	}
+	return id;
+}
+
+/* ct_choose() for a packet of `svc` whose flow hash is p->hash: the backend id, or 0. */
+static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
+{
+	__u32 hop = tcp_flags & TCP_FLAG_SYN ? 0 : adopt_hop(svc, p->hash);
+
+	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
+}
+
+/* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its
+ * keyed tag as the client's own packets have it): the backend that owns the flow, by the
+ * flow's entry (looked up, never made or refreshed) or else the same slot as the client's
+ * packets; 0 when dropped. */
+static __always_inline __u32 route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
+{
+	__u32 now = ct_now();
+	struct flow_word f;
+	__u32 id = 0;
+	__u64 w;
+
+	tag |= 1;
+	if (svc->flags & LB_SVC_CONNTRACK) {
+		if ((flow_find(&flows, lb_settings.ct_mask, 2, tag, &f, &w) ||
+		     flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &f, &w)) &&
+		    usable(&f, ct_timeout_ticks(proto), now))
+			id = f.backend;
+	}
+	if (id == 0)
+		id = pick(svc, p->hash);
+	if (id == 0)
+		return 0;
+	p->icmp = 1;
+	count(LB_ICMP_FORWARDED, 0);
+	return id;
+}
+
+#endif /* LB_CONNTRACK_H */
