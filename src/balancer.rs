@@ -108,8 +108,14 @@ impl Balancer {
     /// in which no packet meets a half-applied change (see [`plan`]). If `pool` does not fit,
     /// nothing is written. The program stays attached throughout.
     pub fn apply(&mut self, pool: &Pool) -> Result<Applied> {
-        let tables: Vec<table::Table> =
-            pool.services.iter().map(|s| table::with_hops(s, self.builder.build_service(s), pool.previous_of(s))).collect();
+        let tables: Vec<table::Table> = pool
+            .services
+            .iter()
+            .map(|s| {
+                let t = self.builder.build_service(s);
+                self.builder.with_hops(s, t, pool.previous_of(s))
+            })
+            .collect();
         self.builder.retain(&pool.services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>());
         let mut attempt = 0;
         let plan = loop {
@@ -163,6 +169,10 @@ impl Balancer {
                     b.identity = name;
                 }
             }
+        }
+        // The hops the program reads now, so that the next apply writes only what differs.
+        for s in state.services.iter_mut().filter(|s| s.second_chance) {
+            s.hops = (0..s.slots).map(|i| dp.hops_at(s.base + i)).collect();
         }
         self.dp.recall(&live)?;
         self.state = state;

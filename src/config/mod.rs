@@ -362,6 +362,9 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
         if meta.is_dir() {
             return Err(field(format!("{}: is a directory, expected a YAML file", at.display())));
         }
+        if !meta.is_file() {
+            return Err(field(format!("{}: is not a regular file, expected a YAML file", at.display())));
+        }
         let bytes = std::fs::read(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
         let text = std::str::from_utf8(&bytes).map_err(|_| field(format!("{}: the file is not valid UTF-8", at.display())))?;
         let doc = yaml::parse(text).map_err(|e| ConfigError {
@@ -468,6 +471,12 @@ mod tests {
         assert_eq!(prev.services[0].backends.len(), 1);
         assert!(prev.previous.is_none(), "its own previous: is not followed");
         assert_eq!(pool.previous_of(&pool.services[0]).map(|s| s.name.as_str()), Some("web"));
+        // A FIFO (or any file that is not a regular one) is refused, not read: it would block.
+        std::fs::remove_file(dir.join("pool.prev.yaml")).unwrap();
+        nix::unistd::mkfifo(&dir.join("pool.prev.yaml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = load(&dir.join("pool.yaml")).expect_err("a FIFO");
+        assert!(e.to_string().ends_with("pool.prev.yaml: is not a regular file, expected a YAML file"), "{e}");
+        assert_eq!((e.line, e.field.as_str()), (Some(1), "previous"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

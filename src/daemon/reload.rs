@@ -37,7 +37,10 @@ fn content_digest(path: &std::path::Path, bytes: &[u8]) -> u64 {
     h.update(bytes);
     if let Some(previous) = config::previous_file_of(path, bytes) {
         h.update(b"\0previous\0");
-        h.update(&std::fs::read(previous).unwrap_or_default());
+        // A regular file only: reading a FIFO would block the controller.
+        if std::fs::metadata(&previous).is_ok_and(|m| m.is_file()) {
+            h.update(&std::fs::read(previous).unwrap_or_default());
+        }
     }
     h.digest()
 }

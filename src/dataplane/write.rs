@@ -114,4 +114,10 @@ impl Dataplane {
     pub fn slot(&self, i: u32) -> u32 {
         self.slots.read(i)
     }
+
+    /// The second-chance hops of entry `i` of the table array ([0, 0] past its end).
+    pub fn hops_at(&self, i: u32) -> [u32; 2] {
+        let b = self.hops.read(i).to_ne_bytes();
+        [u16::from_ne_bytes([b[0], b[1]]) as u32, u16::from_ne_bytes([b[2], b[3]]) as u32]
+    }
 }

@@ -4,8 +4,8 @@
 //! along this list. Computed from the files alone, so every node given the same files agrees
 //! (docs/fleet.md, "Second chance", explains the choice against history kept on each node).
 
-use super::{bounded, build, build_service, Member, Table, EMPTY};
-use crate::config::{Algorithm, BackendState, Service};
+use super::{build_members, build_service, Member, Table, EMPTY};
+use crate::config::{BackendState, Service};
 
 /// Adds the second-chance hops to a service's table (nothing for a service without
 /// `second_chance: on`). A slot's hops are the backends besides its owner that may hold a
@@ -19,10 +19,20 @@ pub fn with_hops(service: &Service, table: Table, previous: Option<&Service>) ->
     if !service.second_chance || table.is_empty() {
         return table;
     }
+    let runner_ups = runner_ups(service, &table);
+    with_runner_ups(service, table, previous, &runner_ups)
+}
+
+/// [`with_hops`] with each slot's runner-up already known ([`runner_ups`]).
+pub(super) fn with_runner_ups(service: &Service, table: Table, previous: Option<&Service>, runner_ups: &[u32]) -> Table {
+    if !service.second_chance || table.is_empty() {
+        return table;
+    }
     let identities: Vec<String> = service.backends.iter().map(|b| b.identity()).collect();
     let usable = |i: usize| service.backends[i].state != BackendState::Down;
     let mut hops = vec![[EMPTY; 2]; table.len()];
-    if let Some(prev) = previous.filter(|p| p.slots == service.slots) {
+    // The previous pool's slots hash the same flows only with the same table size and hash.
+    if let Some(prev) = previous.filter(|p| p.slots == service.slots && p.hash == service.hash) {
         let index: std::collections::HashMap<String, usize> =
             identities.iter().enumerate().map(|(i, id)| (id.clone(), i)).collect();
         let prev_ids: Vec<String> = prev.backends.iter().map(|b| b.identity()).collect();
@@ -36,19 +46,44 @@ pub fn with_hops(service: &Service, table: Table, previous: Option<&Service>) ->
             }
         }
     }
-    if service.backends.len() <= MAX_RUNNER_UP_BACKENDS {
-        let counts = table.counts(service.backends.len());
-        for who in (0..service.backends.len()).filter(|&i| counts[i] > 0) {
-            let runner_up = without(service, who);
-            for (slot, hop) in hops.iter_mut().enumerate() {
-                let r = runner_up.owners[slot];
-                if table.owners[slot] == who as u32 && r != EMPTY && r != hop[0] && usable(r as usize) {
-                    hop[1] = r;
-                }
-            }
+    for (slot, hop) in hops.iter_mut().enumerate() {
+        let r = runner_ups.get(slot).copied().unwrap_or(EMPTY);
+        if r != EMPTY && r != hop[0] && r != table.owners[slot] && usable(r as usize) {
+            hop[1] = r;
         }
     }
     Table { hops, ..table }
+}
+
+/// Each slot's runner-up (a member index, or [`EMPTY`]): its owner in the table built without
+/// its owner; none for a service of more than [`MAX_RUNNER_UP_BACKENDS`] backends.
+pub fn runner_ups(service: &Service, table: &Table) -> Vec<u32> {
+    let mut out = vec![EMPTY; table.len()];
+    if service.backends.len() > MAX_RUNNER_UP_BACKENDS {
+        return out;
+    }
+    let counts = table.counts(service.backends.len());
+    for who in (0..service.backends.len()).filter(|&i| counts[i] > 0) {
+        let without = without(service, who);
+        for (slot, r) in out.iter_mut().enumerate() {
+            if table.owners[slot] == who as u32 {
+                *r = without.owners[slot];
+            }
+        }
+    }
+    out
+}
+
+/// What a service's runner-ups depend on: its builder and parameters, and each backend's
+/// identity, weight and whether it is down. A key of these, so that a reload that changes none of
+/// them (a change elsewhere, or of the previous pool) builds them again for no service.
+pub(super) fn runner_up_key(service: &Service) -> u64 {
+    let mut h = xxhash_rust::xxh64::Xxh64::new(0);
+    h.update(format!("{} {} {} {}", service.algorithm.as_str(), service.slots, service.vnodes_per_weight, service.load_bound).as_bytes());
+    for b in &service.backends {
+        h.update(format!("\0{}\0{}\0{}", b.identity(), b.weight, b.state == BackendState::Down).as_bytes());
+    }
+    h.digest()
 }
 
 /// The most backends a service may have for its slots to list a runner-up: finding them costs
@@ -70,10 +105,7 @@ fn without(service: &Service, who: usize) -> Table {
         .enumerate()
         .map(|(j, (b, id))| Member { identity: id, weight: if j == who { 0 } else { weight(b) } })
         .collect();
-    match service.algorithm {
-        Algorithm::Bounded => bounded::build(&members, service.slots, service.load_bound),
-        a => build(a, service.slots, service.vnodes_per_weight, &members),
-    }
+    build_members(service, &members)
 }
 
 #[cfg(test)]
@@ -191,6 +223,36 @@ mod tests {
         let small = pool(&backends(&all[1..]));
         let t = hops(&small.services[0], None);
         assert!(t.hops().iter().all(|h| h[1] != EMPTY), "at the limit every slot has a runner-up");
+    }
+
+    #[test]
+    fn the_builder_keeps_runner_ups_only_while_what_they_depend_on_holds() {
+        let before = pool(&backends(&[("b1", 1), ("b2", 1), ("b3", 1)]));
+        let mut now = pool(&backends(&[("b1", 1), ("b2", 1), ("b3", 1), ("b4", 1)]));
+        let mut builder = crate::table::Builder::default();
+        let mut check = |now: &Pool, previous: Option<&Service>| {
+            let s = &now.services[0];
+            let t = builder.build_service(s);
+            assert_eq!(builder.with_hops(s, t, previous), hops(s, previous), "the builder's hops are with_hops'");
+        };
+        check(&now, None);
+        check(&now, Some(&before.services[0]));
+        now.services[0].backends[3].state = BackendState::Down;
+        check(&now, Some(&before.services[0]));
+        now.services[0].backends[3].state = BackendState::Drain;
+        check(&now, Some(&before.services[0]));
+        now.services[0].backends[0].weight = 3;
+        check(&now, None);
+    }
+
+    #[test]
+    fn a_previous_pool_with_another_hash_lists_no_previous_owner() {
+        let mut before = pool(&backends(&[("b1", 1), ("b2", 1), ("b3", 1)]));
+        let now = pool(&backends(&[("b1", 1), ("b2", 1), ("b3", 1), ("b4", 1)]));
+        assert!(hops(&now.services[0], Some(&before.services[0])).hops().iter().any(|h| h[0] != EMPTY));
+        before.services[0].hash = crate::config::HashMode::Flow;
+        let t = hops(&now.services[0], Some(&before.services[0]));
+        assert!(t.hops().iter().all(|h| h[0] == EMPTY), "another hash sends other flows to each slot");
     }
 
     #[test]

@@ -98,9 +98,14 @@ pub fn build_service(service: &Service) -> Table {
         .zip(&identities)
         .map(|(b, id)| Member { identity: id, weight: b.serving_weight() })
         .collect();
+    build_members(service, &members)
+}
+
+/// A table of `members` with the service's builder and parameters.
+pub(crate) fn build_members(service: &Service, members: &[Member]) -> Table {
     match service.algorithm {
-        Algorithm::Bounded => bounded::build(&members, service.slots, service.load_bound),
-        a => build(a, service.slots, service.vnodes_per_weight, &members),
+        Algorithm::Bounded => bounded::build(members, service.slots, service.load_bound),
+        a => build(a, service.slots, service.vnodes_per_weight, members),
     }
 }
 
@@ -131,6 +136,9 @@ pub fn digest(table: &Table, identities: &[String]) -> u64 {
 #[derive(Default)]
 pub struct Builder {
     rings: std::collections::HashMap<String, ring::RingCache>,
+    /// Each second-chance service's runner-ups, with the key of what they were built from
+    /// ([`hops::runner_ups`]): one table build per backend, not repeated while it holds.
+    runner_ups: std::collections::HashMap<String, (u64, Vec<u32>)>,
 }
 
 impl Builder {
@@ -145,9 +153,30 @@ impl Builder {
         self.rings.entry(service.name.clone()).or_default().build(&members, service.vnodes_per_weight, service.slots)
     }
 
+    /// [`with_hops`], with each service's runner-ups kept from build to build while nothing they
+    /// depend on changes: the same hops, without rebuilding them on every reload and health
+    /// change of another backend or service.
+    pub fn with_hops(&mut self, service: &Service, table: Table, previous: Option<&Service>) -> Table {
+        if !service.second_chance || table.is_empty() {
+            self.runner_ups.remove(&service.name);
+            return table;
+        }
+        let key = hops::runner_up_key(service);
+        let fresh = match self.runner_ups.get(&service.name) {
+            Some((k, r)) if *k == key && r.len() == table.len() => None,
+            _ => Some(hops::runner_ups(service, &table)),
+        };
+        if let Some(r) = fresh {
+            self.runner_ups.insert(service.name.clone(), (key, r));
+        }
+        let runner_ups = self.runner_ups.get(&service.name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
+        hops::with_runner_ups(service, table, previous, runner_ups)
+    }
+
     /// Forgets services not in `names`.
     pub fn retain(&mut self, names: &[&str]) {
         self.rings.retain(|n, _| names.contains(&n.as_str()));
+        self.runner_ups.retain(|n, _| names.contains(&n.as_str()));
     }
 }
 
