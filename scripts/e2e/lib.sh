@@ -238,8 +238,9 @@ hold_wait() { # MESSAGE: fails with it if a held connection broke
 
 hold_summary() { tail -1 "$WORK/hold.log" | sed 's/^hold: //'; }
 
-# New connections without pause until $WORK/stop exists: each round is 500 connections from
-# the 5 addresses in SOURCES (the bridge's clients by default); every failure is kept in
+# New connections without pause until $WORK/stop exists: each round is CHURN_COUNT (100)
+# connections from each of the 5 addresses in SOURCES (the bridge's clients by default), each
+# given CHURN_TIMEOUT_MS (1000) to be answered, with one retry; every failure is kept in
 # $WORK/churn.failed. Sets CHURN to the loop's pid.
 churn_start() { # [SOURCES]
     rm -f "$WORK/stop" "$WORK/churn.failed"
@@ -247,7 +248,7 @@ churn_start() { # [SOURCES]
         r=0
         while [ ! -f "$WORK/stop" ]; do
             ip netns exec "$PREFIX-client" "$E2E" probe --vip 10.99.0.100 --port 80 --sources "${1:-$TOPO_CLIENTS4}" \
-                --first-port $((30000 + (r % 20) * 100)) --count 100 --timeout-ms 1000 >"$WORK/churn.$r" 2>/dev/null
+                --first-port $((30000 + (r % 20) * 100)) --count "${CHURN_COUNT:-100}" --timeout-ms "${CHURN_TIMEOUT_MS:-1000}" >"$WORK/churn.$r" 2>/dev/null
             grep FAIL "$WORK/churn.$r" >>"$WORK/churn.failed" || true
             r=$((r + 1))
         done
@@ -263,7 +264,7 @@ churn_stop() { # sets CHURN_SUMMARY to "N new connections, F failed"; fails if a
     local rounds failed
     rounds=$(cat "$WORK/churn.rounds")
     failed=$(grep -c . "$WORK/churn.failed" || true)
-    CHURN_SUMMARY="$((rounds * 500)) new connections, $failed failed"
+    CHURN_SUMMARY="$((rounds * 5 * ${CHURN_COUNT:-100})) new connections, $failed failed"
     [ "$rounds" -gt 0 ] || { CHURN_SUMMARY="no round of new connections ran"; return 1; }
     [ "$failed" -eq 0 ] || { head -5 "$WORK/churn.failed" >&2; return 1; }
 }

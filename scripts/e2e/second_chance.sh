@@ -91,35 +91,6 @@ sc_decap() { # COUNTER
     echo "$total"
 }
 
-# New connections without pause until $WORK/stop exists, each allowed SECS to be answered
-# (with one retry): a SYN black-holed by a dead node is sent again by the client, and answered
-# once the router has converged. Failures go to $WORK/churn.failed; CHURN is the loop's pid.
-sc_churn_start() { # SECS
-    rm -f "$WORK/stop" "$WORK/churn.failed"
-    (
-        r=0
-        while [ ! -f "$WORK/stop" ]; do
-            ip netns exec "$PREFIX-client" "$E2E" probe --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" \
-                --first-port $((30000 + (r % 20) * 100)) --count 20 --timeout-ms $(($1 * 1000)) >"$WORK/churn.$r" 2>/dev/null
-            grep FAIL "$WORK/churn.$r" >>"$WORK/churn.failed" || true
-            r=$((r + 1))
-        done
-        echo "$r" >"$WORK/churn.rounds"
-    ) &
-    CHURN=$!
-}
-
-sc_churn_stop() { # sets CHURN_SUMMARY; fails if a new connection failed
-    touch "$WORK/stop"
-    wait "$CHURN" || true
-    local rounds failed
-    rounds=$(cat "$WORK/churn.rounds")
-    failed=$(grep -c . "$WORK/churn.failed" || true)
-    CHURN_SUMMARY="$((rounds * 100)) new connections, $failed failed"
-    [ "$rounds" -gt 0 ] || { CHURN_SUMMARY="no round of new connections ran"; return 1; }
-    [ "$failed" -eq 0 ] || { head -5 "$WORK/churn.failed" >&2; return 1; }
-}
-
 # How many held connections broke, from the holder's last line.
 sc_broken() { tail -1 "$WORK/hold.log" | grep -o '[0-9]* broken' | grep -o '^[0-9]*'; }
 
@@ -164,7 +135,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
 
     # Round 1: C joins and the pool changes (b4 added, b1 1 -> 2) at the same moment.
     HOLD_TRIES=400 hold_open "$TOPO_RCLIENTS4" 300 12 --patience 12 ${keep[@]+"${keep[@]}"}
-    sc_churn_start 4
+    CHURN_COUNT=20 CHURN_TIMEOUT_MS=4000 churn_start "$TOPO_RCLIENTS4"
     sleep 1.5
     sc_pool "$WORK/pool-p1.yaml" "$sc" pool-p0.yaml 1:2 2 3 4
     cp "$WORK/pool-p1.yaml" "$WORK/pool-c.yaml"
@@ -184,7 +155,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     done
     wait "$HOLD" || hold_failed=1
     broken1=$(sc_broken)
-    sc_churn_stop || fail "round 1, new connections: $CHURN_SUMMARY"
+    CHURN_COUNT=20 churn_stop || fail "round 1, new connections: $CHURN_SUMMARY"
     sent1=$(sc_decap sent_on)
     local adopted_b0 adopted_c
     adopted_c=$(sc_adopted nc)
@@ -197,7 +168,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     # that pick up A's flows adopt those on slots round 1 changed to their P0 owner, which is
     # wrong for these connections (opened under P1): that owner's second chance sends them on.
     HOLD_TRIES=400 hold_open "$TOPO_RCLIENTS4" 300 14 --patience 12 --first-port 41000 ${keep[@]+"${keep[@]}"}
-    sc_churn_start 4
+    CHURN_COUNT=20 CHURN_TIMEOUT_MS=4000 churn_start "$TOPO_RCLIENTS4"
     sleep 1.5
     sc_pool "$WORK/pool-p2.yaml" "$sc" pool-p0.yaml 1:2 2:drain 3 4
     adopted_b0=$(sc_adopted nb nc)
@@ -211,7 +182,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     took=$(wait_nexthops 2 30) || fail "the router never dropped node A"
     wait "$HOLD" || hold_failed=1
     broken2=$(sc_broken)
-    sc_churn_stop || fail "round 2, new connections: $CHURN_SUMMARY"
+    CHURN_COUNT=20 churn_stop || fail "round 2, new connections: $CHURN_SUMMARY"
     sleep 1.2
     sent2=$(($(sc_decap sent_on) - sent1))
     say "(2) A's link went down and b2 drained ${ms} ms later; the router black-holed A's share for ${took} ms;"

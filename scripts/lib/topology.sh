@@ -244,10 +244,10 @@ topo_routed_up() { # PREFIX N MODE
 # Nodes forward by L2 DSR to the backends on the bridge; backends answer through the router.
 # The VIPs reach the nodes only by the router's BGP-learned ECMP route (BIRD, started by the
 # test). topo_fleet_up PREFIX MODE; topo_down PREFIX removes it.
-topo_fleet_up() { # PREFIX MODE
-    local p=$1 mode=$2 i a n
-    [ -x "$TOPO_E2E" ] || { echo "topology: build first" >&2; return 1; }
-    topo_down "$p"
+# The client and the router of the fleet topologies: the bridge $P-sw, the client behind the
+# router's c0, the router's eth0 on the bridge (10.96.0.1), forwarding with ECMP over the 5-tuple.
+topo_ecmp_router() { # PREFIX
+    local p=$1 a
     ip netns add "$p-sw"
     ip -n "$p-sw" link add br0 type bridge
     ip -n "$p-sw" link set br0 up
@@ -261,6 +261,13 @@ topo_fleet_up() { # PREFIX MODE
         net.ipv4.fib_multipath_hash_policy=3 net.ipv4.fib_multipath_hash_fields=0x37
     for a in ${TOPO_RCLIENTS4//,/ }; do ip -n "$p-client" addr add "$a/24" dev eth0; done
     ip -n "$p-client" route add default via 10.98.0.1
+}
+
+topo_fleet_up() { # PREFIX MODE
+    local p=$1 mode=$2 i a n
+    [ -x "$TOPO_E2E" ] || { echo "topology: build first" >&2; return 1; }
+    topo_down "$p"
+    topo_ecmp_router "$p"
     for n in na nb; do
         topo_link "$p" "$n"
         ip -n "$p-$n" link add ifb0 type ifb
@@ -311,19 +318,7 @@ topo_chaos_up() { # PREFIX MODE DECAP_ARGS
     local p=$1 mode=$2 i n a
     [ -x "$TOPO_E2E" ] && [ -x "$TOPO_LB" ] || { echo "topology: build first (cargo build --release --bins --examples)" >&2; return 1; }
     topo_down "$p"
-    ip netns add "$p-sw"
-    ip -n "$p-sw" link add br0 type bridge
-    ip -n "$p-sw" link set br0 up
-    ip netns add "$p-client"
-    ip -n "$p-client" link set lo up
-    topo_link "$p" router
-    topo_wire "$p-client" eth0 "$p-router" c0
-    ip -n "$p-router" addr add 10.98.0.1/24 dev c0
-    ip -n "$p-router" addr add 10.96.0.1/24 dev eth0
-    topo_ns "$p-router" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 \
-        net.ipv4.fib_multipath_hash_policy=3 net.ipv4.fib_multipath_hash_fields=0x37
-    for a in ${TOPO_RCLIENTS4//,/ }; do ip -n "$p-client" addr add "$a/24" dev eth0; done
-    ip -n "$p-client" route add default via 10.98.0.1
+    topo_ecmp_router "$p"
     i=2
     for n in $TOPO_CHAOS_NODES; do
         topo_link "$p" "$n"

@@ -294,16 +294,29 @@ int lb_decap(struct xdp_md *ctx)
 		d[0] = in->daddr;
 		if (!is_local(d, LB_FAMILY_V4))
 			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
-		if (hops.off) {
-			int act = second_chance_for(ctx, l2len, strip, family, outer, &hops);
+	} else {
+		struct ipv6hdr *in = l3 + strip;
+		__u32 d[4];
 
-			if (act >= 0)
-				return act;
-		}
-		/* Read again: second chance may have looked the packet's socket up. */
-		l3 = (void *)(long)ctx->data + l2len;
-		c.end = (void *)(long)ctx->data_end;
-		in = l3 + strip;
+		if ((void *)(in + 1) > c.end || in->version != 6)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		__builtin_memcpy(d, &in->daddr, 16);
+		if (!is_local(d, LB_FAMILY_V6))
+			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+	}
+	/* Second chance: a packet of no connection here goes on to the next hop of its list. */
+	if (hops.off) {
+		int act = second_chance_for(ctx, l2len, strip, family, outer, &hops);
+
+		if (act >= 0)
+			return act;
+	}
+	/* Read again: second chance may have looked the packet's socket up. */
+	l3 = (void *)(long)ctx->data + l2len;
+	c.end = (void *)(long)ctx->data_end;
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = l3 + strip;
+
 		if ((void *)(in + 1) > c.end)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
 		anomaly = ecn_anomalous(outer_ecn, in->tos & 3);
@@ -323,23 +336,7 @@ int lb_decap(struct xdp_md *ctx)
 		}
 	} else {
 		struct ipv6hdr *in = l3 + strip;
-		__u32 d[4];
 
-		if ((void *)(in + 1) > c.end || in->version != 6)
-			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-		__builtin_memcpy(d, &in->daddr, 16);
-		if (!is_local(d, LB_FAMILY_V6))
-			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
-		if (hops.off) {
-			int act = second_chance_for(ctx, l2len, strip, family, outer, &hops);
-
-			if (act >= 0)
-				return act;
-		}
-		/* Read again: second chance may have looked the packet's socket up. */
-		l3 = (void *)(long)ctx->data + l2len;
-		c.end = (void *)(long)ctx->data_end;
-		in = l3 + strip;
 		if ((void *)(in + 1) > c.end)
 			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
 		anomaly = ecn_anomalous(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
