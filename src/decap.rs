@@ -123,6 +123,12 @@ fn loopback_forwarding_on() -> Result<Vec<&'static str>> {
 
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
 fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
+    if a.second_chance && a.allow_from.iter().any(|&(_, len)| len == 0) {
+        bail!(
+            "--second-chance sends packets on only to hosts of the allow-list, and a /0 prefix names every host: give \
+             --allow-from the load balancers' and the backends' prefixes"
+        );
+    }
     if a.allow_any && a.second_chance {
         bail!(
             "--second-chance sends packets on only to hosts of the allow-list, and --allow-any would make that every \
@@ -210,6 +216,14 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
             if dp.set_local(&addrs)? {
                 log(format!("this host's addresses changed: decapsulating for {} addresses", addrs.len()));
             }
+            // Someone turned the loopback's forwarding off (a global `ip_forward=0` does):
+            // without it every packet to send on would be delivered here.
+            if second_chance {
+                let on = loopback_forwarding_on()?;
+                if !on.is_empty() {
+                    log(format!("second chance: {} was off; turned it on again", on.join(" and ")));
+                }
+            }
             ensure_present(&ifc)?;
         }
         if let (Some(interval), Some(due)) = (stats_interval, next_stats) {
@@ -286,6 +300,8 @@ mod tests {
         let a = args(&["--allow-any", "--second-chance"]).expect("clap accepts it; run refuses it");
         let e = allowed(&a).expect_err("an open relay");
         assert!(e.to_string().contains("--second-chance") && e.to_string().contains("--allow-from"), "{e}");
+        let a = args(&["--allow-from", "0.0.0.0/0", "--second-chance"]).expect("clap accepts it; run refuses it");
+        assert!(allowed(&a).expect_err("every host").to_string().contains("/0"));
         let a = args(&["--allow-from", "10.0.0.0/8", "--second-chance"]).expect("valid");
         assert_eq!(allowed(&a).expect("a list"), vec![(ip("10.0.0.0"), 8)]);
     }

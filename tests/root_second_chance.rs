@@ -1036,6 +1036,10 @@ fn backend_side() {
         let f = gue_frame(lb4, here4, 64, &[hop], 0, &unknown4);
         check(&de, what, &f, XDP_PASS, Some(&decapsulated(&f, &unknown4)), &["no_route", "decapsulated"]);
     }
+    // A frame that came tagged would go back out with its tag, onto the VLAN it came from,
+    // whatever the route said: delivered here.
+    let f = tagged(&gue_frame(lb4, here4, 64, &[hop4], 0, &unknown4), 7);
+    check(&de, "a frame with a VLAN tag", &f, XDP_PASS, None, &["no_route", "decapsulated"]);
     // A hop outside the allow-list: never sent to, whoever wrote the list (else any host allowed
     // to send GUE here could have this one send packets anywhere, from its address).
     for (what, hop) in [("a hop outside the allow-list", ip("203.0.113.9")), ("the same, IPv6", ip("2001:db8:99::9"))] {

@@ -178,6 +178,11 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     cp "$WORK/pool-p2.yaml" "$WORK/pool-c.yaml.new" && mv "$WORK/pool-c.yaml.new" "$WORK/pool-c.yaml"
     sc_wait_logs "web changed (b2 active -> drain" "$WORK/lb-nb.log" "$WORK/lb-nc.log"
     ms=$((($(date +%s%N) - t0) / 1000000))
+    # B (which lived through both changes) and C serve the hops lb table computes from the files.
+    want=$("$LB" table --config "$WORK/pool-ab.yaml" --json | grep -o '"digest":"[0-9a-f]*"')
+    for n in nb nc; do
+        [ "$(live_digest "$n")" = "$want" ] || fail "after the drain, node $n serves other hop lists than lb table computes"
+    done
     local took
     took=$(wait_nexthops 2 30) || fail "the router never dropped node A"
     wait "$HOLD" || hold_failed=1

@@ -174,6 +174,10 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 	/* The next hop is this host: the list led back here (never by lb's hand). */
 	if (is_local(hop, outer))
 		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
+	/* A frame that came tagged goes back out tagged: only where the route is the untagged
+	 * interface itself, which a tag says it is not. Delivered here. */
+	if (l2len != sizeof(struct ethhdr))
+		return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
 	/* Only to a host this one trusts (the load balancers and backends --allow-from names):
 	 * else whoever may send it GUE could have it send packets anywhere, from its address. */
 	if (!is_allowed(hop, outer))

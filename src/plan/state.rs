@@ -85,6 +85,8 @@ impl State {
     pub fn taint(&mut self, done: &[Op]) {
         for s in &mut self.services {
             s.owners.iter_mut().for_each(|o| *o = u32::MAX);
+            // Unknown too: the next plan writes them all.
+            s.hops.clear();
         }
         for op in done {
             match op {

@@ -75,13 +75,14 @@ pub fn runner_ups(service: &Service, table: &Table) -> Vec<u32> {
 }
 
 /// What a service's runner-ups depend on: its builder and parameters, and each backend's
-/// identity, weight and whether it is down. A key of these, so that a reload that changes none of
+/// identity, weight and state (a drained backend owns no slots, which moves others' runner-ups
+/// too; a down one is left out). A key of these, so that a reload that changes none of
 /// them (a change elsewhere, or of the previous pool) builds them again for no service.
 pub(super) fn runner_up_key(service: &Service) -> u64 {
     let mut h = xxhash_rust::xxh64::Xxh64::new(0);
     h.update(format!("{} {} {} {}", service.algorithm.as_str(), service.slots, service.vnodes_per_weight, service.load_bound).as_bytes());
     for b in &service.backends {
-        h.update(format!("\0{}\0{}\0{}", b.identity(), b.weight, b.state == BackendState::Down).as_bytes());
+        h.update(format!("\0{}\0{}\0{}", b.identity(), b.weight, b.state.as_str()).as_bytes());
     }
     h.digest()
 }
@@ -236,6 +237,12 @@ mod tests {
             assert_eq!(builder.with_hops(s, t, previous), hops(s, previous), "the builder's hops are with_hops'");
         };
         check(&now, None);
+        check(&now, Some(&before.services[0]));
+        // Active to drain and back: the drained backend's slots go to others, whose runner-ups
+        // it then is (a key that saw only "down" kept the old ones).
+        now.services[0].backends[1].state = BackendState::Drain;
+        check(&now, Some(&before.services[0]));
+        now.services[0].backends[1].state = BackendState::Active;
         check(&now, Some(&before.services[0]));
         now.services[0].backends[3].state = BackendState::Down;
         check(&now, Some(&before.services[0]));
