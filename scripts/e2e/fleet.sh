@@ -45,13 +45,14 @@ wait_nexthops() { # N TIMEOUT_S
 table_digest() { "$LB" table --config "$1" --json | grep -o '"digest":"[0-9a-f]*"'; }
 live_digest() { ip netns exec "$PREFIX-$1" "$LB" status eth0 --json --pin-dir "$PINS" | grep -o '"digest":"[0-9a-f]*"'; }
 
-# lb attach --pin --announce on NODE with its pool; its pid in $WORK/lb-NODE.pid, its log in
-# $WORK/lb-NODE.log. Returns once it serves.
-start_node() { # NODE MODE
+# lb attach --pin --announce on NODE with CONFIG (its own pool by default) and --reload-delay
+# DELAY (0.05 s); its pid in $WORK/lb-NODE.pid, its log in $WORK/lb-NODE.log. Returns once it
+# serves.
+start_node() { # NODE MODE [CONFIG [DELAY]]
     local before
     before=$(grep -c "serving;" "$WORK/lb-$1.log" 2>/dev/null || true)
-    ip netns exec "$PREFIX-$1" "$LB" attach eth0 --config "$WORK/pool-$1.yaml" --xdp-mode "$2" --pin --pin-dir "$PINS" \
-        --announce ifb0 --reload-delay 0.05 >"$WORK/stats-$1.out" 2>>"$WORK/lb-$1.log" &
+    ip netns exec "$PREFIX-$1" "$LB" attach eth0 --config "${3:-$WORK/pool-$1.yaml}" --xdp-mode "$2" --pin --pin-dir "$PINS" \
+        --announce ifb0 --reload-delay "${4:-0.05}" >"$WORK/stats-$1.out" 2>>"$WORK/lb-$1.log" &
     echo $! >"$WORK/lb-$1.pid"
     wait_serving "$WORK/lb-$1.log" "${before:-0}" "$(cat "$WORK/lb-$1.pid")" "lb on $1" 100
 }

@@ -33,16 +33,6 @@ sc_pool() { # FILE SC PREVIOUS SPEC...
     } | write_atomic "$file"
 }
 
-# lb attach --pin --announce on NODE with CONFIG; returns once it serves.
-sc_node_start() { # NODE MODE CONFIG
-    local before
-    before=$(grep -c "serving;" "$WORK/lb-$1.log" 2>/dev/null || true)
-    ip netns exec "$PREFIX-$1" "$LB" attach eth0 --config "$3" --xdp-mode "$2" --pin --pin-dir "$PINS" \
-        --announce ifb0 --reload-delay 0.01 >"$WORK/stats-$1.out" 2>>"$WORK/lb-$1.log" &
-    echo $! >"$WORK/lb-$1.pid"
-    wait_serving "$WORK/lb-$1.log" "${before:-0}" "$(cat "$WORK/lb-$1.pid")" "lb on $1" 100
-}
-
 sc_bird_node() { # NODE ADDRESS
     sed -e 's/@ROUTER@/10.96.0.1/g' -e "s/@NODE@/$2/g" -e 's/@DEV@/ifb0/g' configs/bird/node.conf >"$WORK/$1.conf"
     bird_start "$1" "$PREFIX-$1" "$WORK/$1.conf"
@@ -119,8 +109,8 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     pins_up
     sc_pool "$WORK/pool-p0.yaml" "$sc" "" 1 2 3
     cp "$WORK/pool-p0.yaml" "$WORK/pool-ab.yaml"
-    sc_node_start na "$mode" "$WORK/pool-ab.yaml"
-    sc_node_start nb "$mode" "$WORK/pool-ab.yaml"
+    start_node na "$mode" "$WORK/pool-ab.yaml" 0.01
+    start_node nb "$mode" "$WORK/pool-ab.yaml" 0.01
     {
         sed -e 's/@ROUTER@/10.96.0.1/g' -e 's/@NODE_A@/10.96.0.2/g' -e 's/@NODE_B@/10.96.0.3/g' configs/bird/router.conf
         printf 'protocol bgp node_c from node {\n\tneighbor 10.96.0.4 as 65001;\n}\n'
@@ -139,7 +129,7 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
     sleep 1.5
     sc_pool "$WORK/pool-p1.yaml" "$sc" pool-p0.yaml 1:2 2 3 4
     cp "$WORK/pool-p1.yaml" "$WORK/pool-c.yaml"
-    sc_node_start nc "$mode" "$WORK/pool-c.yaml"
+    start_node nc "$mode" "$WORK/pool-c.yaml" 0.01
     sc_wait_nexthops 3 || fail "node C did not join the ECMP set"
     t0=$(date +%s%N)
     cp "$WORK/pool-p1.yaml" "$WORK/pool-ab.yaml.new"

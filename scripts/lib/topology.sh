@@ -224,6 +224,13 @@ topo_routed_up() { # PREFIX N MODE
         # 64 KB TSO segment would reach lb as one packet. Frames as on a wire: segment first.
         topo_ns "$p-router" ethtool -K l0 tso off gso off >/dev/null
     fi
+    topo_routed_wait "$p" "$n"
+}
+
+# Until routed backends 1..N serve (their server listens, their lb decap is attached); fails
+# with the decap log of the first that does not within 5 s.
+topo_routed_wait() { # PREFIX N
+    local p=$1 n=$2 i
     for i in $(seq 1 "$n"); do
         for _ in $(seq 1 50); do
             topo_ns "$p-b$i" ss -ltn 2>/dev/null | grep -q ':9000 ' && grep -q serving "/tmp/$p-b$i.decap.log" && break
@@ -340,11 +347,5 @@ topo_chaos_up() { # PREFIX MODE DECAP_ARGS
     else
         topo_ns "$p-router" ethtool -K eth0 tso off gso off >/dev/null
     fi
-    for i in 1 2 3 4; do
-        for _ in $(seq 1 50); do
-            topo_ns "$p-b$i" ss -ltn 2>/dev/null | grep -q ':9000 ' && grep -q serving "/tmp/$p-b$i.decap.log" && break
-            sleep 0.1
-        done
-        grep -q serving "/tmp/$p-b$i.decap.log" || { cat "/tmp/$p-b$i.decap.log" >&2; return 1; }
-    done
+    topo_routed_wait "$p" 4
 }
