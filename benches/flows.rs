@@ -12,8 +12,14 @@
 //! medians; the default flow table (`--conntrack-size`, 262,144 entries), as a user gets it. Under `cargo test --benches` it runs a small smoke set.
 //!
 //! Before a working set is measured, a SYN and an ACK of each of its flows make its flow-table
-//! entry (for tracked services), so its packets are tracked hits unless the table lost them. The hit share
-//! is printed with the figures.
+//! entry (for tracked services); then the pool is reloaded with a fourth backend, which gives
+//! about a quarter of the slots a new owner (1/N, N = 4), and the unstable slots are swept, as
+//! the daemon does every second (src/stable.rs). A tracked packet whose slot kept its owner then
+//! goes by the table without its flow-table lookup (counted `stable`); the flows whose slot
+//! changed keep their backends through the lookup, and the "moved" rows measure those alone.
+//! The shares of packets sent by the table ("by table") and by a looked-up entry ("hits") are
+//! printed with the figures, and "x off" is a tracked row's cost over the floor divided by the
+//! untracked row's (the ratio: tracking's cost against none).
 
 use std::mem::MaybeUninit;
 use std::time::Duration;
@@ -124,28 +130,30 @@ fn ns(d: Duration) -> f64 {
 /// Runs one packet: (XDP action, in-kernel time).
 type RunOne<'a> = dyn Fn(&[u8]) -> anyhow::Result<(u32, Duration)> + 'a;
 
-/// What one pass measured: mean ns per packet, and the share of tracked hits.
+/// What one pass measured: mean ns per packet, and the shares of tracked hits (an entry looked
+/// up) and of packets sent by a stable slot's table without a lookup.
 struct Pass {
     ns: f64,
     hits: f64,
+    stable: f64,
 }
 
-/// The median time of several passes, with their mean hit share.
+/// The median time of several passes, with their mean shares.
 fn median(v: &[Pass]) -> Pass {
     let mut t: Vec<f64> = v.iter().map(|p| p.ns).collect();
     t.sort_by(|a, b| a.total_cmp(b));
-    Pass { ns: t[t.len() / 2], hits: v.iter().map(|p| p.hits).sum::<f64>() / v.len() as f64 }
+    let mean = |f: fn(&Pass) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
+    Pass { ns: t[t.len() / 2], hits: mean(|p| p.hits), stable: mean(|p| p.stable) }
 }
 
-/// Sends `packets` packets to `dport`: round-robin over the working set of `w` flows (ACKs)
-/// from flow `start` on,
-/// every `every`-th one instead a SYN of a never-seen flow numbered from `*fresh`. `run`
-/// runs one packet and gives (XDP action, in-kernel time).
+/// Sends `packets` packets to `dport`: round-robin over the working set `set` (flow numbers,
+/// ACKs) from its `start`-th on, every `every`-th one instead a SYN of a never-seen flow
+/// numbered from `*fresh`. `run` runs one packet and gives (XDP action, in-kernel time).
 #[allow(clippy::too_many_arguments)]
 fn pass(
     dp: &Balancer,
     dport: u16,
-    w: u64,
+    set: &[u64],
     every: u64,
     start: u64,
     packets: u64,
@@ -154,14 +162,14 @@ fn pass(
 ) -> anyhow::Result<Pass> {
     use types::lb_stat as S;
     let mut f = template(dport);
-    let hits0 = dp.stat(S::LB_CT_HIT)?;
+    let (hits0, stable0) = (dp.stat(S::LB_CT_HIT)?, dp.stat(S::LB_CT_STABLE)?);
     let mut total = 0.0;
     for k in 0..packets {
         if every != 0 && k % every == every - 1 {
             set_flow(&mut f, true, *fresh, SYN);
             *fresh += 1;
         } else {
-            set_flow(&mut f, false, (start + k) % w, ACK);
+            set_flow(&mut f, false, set[((start + k) % set.len() as u64) as usize], ACK);
         }
         let (action, d) = run(&f)?;
         anyhow::ensure!(action == 3, "port {dport}: XDP action {action}, not XDP_TX");
@@ -170,7 +178,32 @@ fn pass(
     Ok(Pass {
         ns: total / packets as f64,
         hits: (dp.stat(S::LB_CT_HIT)? - hits0) as f64 / packets as f64,
+        stable: (dp.stat(S::LB_CT_STABLE)? - stable0) as f64 / packets as f64,
     })
+}
+
+/// The pool reloaded with a fourth backend in every service: about a quarter of each table's
+/// slots get a new owner.
+fn grown(pool: &str) -> String {
+    pool.replace("{address: 10.99.0.13, name: b3}]", "{address: 10.99.0.13, name: b3}, {address: 10.99.0.14, name: b4}]")
+        .replace("{address: 10.1.0.13, name: b3}]", "{address: 10.1.0.13, name: b3}, {address: 10.1.0.14, name: b4}]")
+}
+
+/// The flows of working set `w` (numbers 0..w) whose slot of the service on `dport` is unstable
+/// after the reload: those whose backend changed, which the flow table keeps.
+fn moved(dp: &Balancer, dport: u16, w: u64) -> Vec<u64> {
+    let svc = dp.installed().iter().find(|s| s.key.port == dport).cloned();
+    let Some(svc) = svc else { return Vec::new() };
+    let mut f = template(dport);
+    (0..w)
+        .filter(|&i| {
+            set_flow(&mut f, false, i, ACK);
+            let src = std::net::Ipv4Addr::new(f[26], f[27], f[28], f[29]);
+            let sport = u16::from_be_bytes([f[34], f[35]]);
+            let h = lb::flowhash::flow_hash(lb::config::HashMode::Flow, src.into(), "10.99.0.100".parse().expect("vip"), sport, dport, 6);
+            dp.is_unstable(svc.base + h % svc.slots)
+        })
+        .collect()
 }
 
 fn main() -> anyhow::Result<()> {
@@ -180,18 +213,30 @@ fn main() -> anyhow::Result<()> {
     }
     let a = args()?;
     let pool = parse_str("bench.yaml", POOL)?;
+    let reloaded = parse_str("bench.yaml", &grown(POOL))?;
+    let macs = |addr: std::net::IpAddr| match addr {
+        std::net::IpAddr::V4(v4) => Some([0x02, 0xbb, 0, 0, 0, v4.octets()[3]]),
+        std::net::IpAddr::V6(_) => None,
+    };
+    // The reload, then the sweep until nothing more becomes stable.
+    let reload = |dp: &mut Balancer| -> anyhow::Result<()> {
+        while dp.sweep()? > 0 {}
+        dp.apply(&reloaded)?;
+        for a in ["10.99.0.14", "10.1.0.14"] {
+            let a: std::net::IpAddr = a.parse()?;
+            dp.set_mac(a, macs(a))?;
+        }
+        while dp.sweep()? > 0 {}
+        Ok(())
+    };
     // One data plane per forwarding mode, so that each one's flow table holds W flows, not 2 W.
     let load = || -> anyhow::Result<Balancer> {
         let mut dp =
             Balancer::load_sized(lb::dataplane::DEFAULT_TABLE_CAPACITY, a.conntrack_size)?;
         dp.set_encap_sources(Some(("10.99.0.2".parse()?, 32)), None)?;
-        dp.install(&pool, [0x02, 0, 0, 0, 0, 1], &|addr| match addr {
-            std::net::IpAddr::V4(v4) => Some([0x02, 0xbb, 0, 0, 0, v4.octets()[3]]),
-            std::net::IpAddr::V6(_) => None,
-        })?;
+        dp.install(&pool, [0x02, 0, 0, 0, 0, 1], &macs)?;
         Ok(dp)
     };
-    let (l2, ipip) = (load()?, load()?);
     let mut unguarded = load()?;
     unguarded.set_conntrack_guard(false)?;
     let mut floor_obj = MaybeUninit::uninit();
@@ -206,30 +251,17 @@ fn main() -> anyhow::Result<()> {
         })?;
         Ok((out.return_value, out.duration))
     };
-    let run_l2 = |f: &[u8]| l2.test_run_repeat(f, 1);
-    let run_ipip = |f: &[u8]| ipip.test_run_repeat(f, 1);
 
     println!("XDP per-packet cost over a working set of flows: BPF_PROG_TEST_RUN, one run per packet, round-robin;");
     println!("{} packets per figure (at least 2 W) in {} rounds, medians; flow table of {} entries. ns per packet, each including the", a.packets, a.rounds, a.conntrack_size);
-    println!(
-        "method's own cost, which the floor row measures; 'ct cost' is conntrack on minus off."
-    );
-    println!(
-        "{:>9} {:>5} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
-        "flows",
-        "new%",
-        "floor",
-        "L2 off",
-        "L2 on",
-        "ct cost",
-        "hits",
-        "IPIP off",
-        "IPIP on",
-        "ct cost",
-        "hits"
-    );
+    println!("method's own cost, which the floor row measures. After one reload that gave about 1/4 of the slots a new owner:");
+    println!("'on' is every flow of the working set, 'moved' only the flows whose slot changed (they keep their backends");
+    println!("through the flow table); 'x off' is (row - floor) / (off - floor); 'table' and 'hits' the shares of packets sent");
+    println!("by a stable slot without a lookup and by a looked-up entry.");
     let mut fresh = 0u64;
     for &w in &a.flows {
+        // Fresh data planes for each working set, so that each flow table holds W flows.
+        let (mut l2, mut ipip) = (load()?, load()?);
         // The working set's entries, for both tracked services.
         let mut f80 = template(80);
         let mut f82 = template(82);
@@ -242,47 +274,71 @@ fn main() -> anyhow::Result<()> {
                 ipip.test_run_repeat(&f82, 1)?;
             }
         }
+        reload(&mut l2)?;
+        reload(&mut ipip)?;
+        let all: Vec<u64> = (0..w).collect();
+        let (l2_moved, ip_moved) = (moved(&l2, 80, w), moved(&ipip, 82, w));
+        let run_l2 = |f: &[u8]| l2.test_run_repeat(f, 1);
+        let run_ipip = |f: &[u8]| ipip.test_run_repeat(f, 1);
+        println!();
+        println!(
+            "W = {w}: {} of {} L2 slots unstable after the reload, {} flows moved ({:.1}%)",
+            l2.unstable_slots(),
+            l2.installed().iter().find(|s| s.key.port == 80).map_or(0, |s| s.slots),
+            l2_moved.len(),
+            l2_moved.len() as f64 * 100.0 / w as f64
+        );
+        println!(
+            "{:>5} {:>6} {:>8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>6} {:>6}",
+            "new%", "floor", "row", "ns", "x off", "table", "hits", "IPIP ns", "x off", "table"
+        );
         for &new in &a.new {
             let every = 100u64.checked_div(new).unwrap_or(0);
             let packets = a.packets.max(2 * w);
             // Interleaved rows, in rounds: a drift of the machine hits every row alike; medians.
             let per = (packets / a.rounds).max(1);
-            let mut rows: Vec<Vec<Pass>> = (0..5).map(|_| Vec::new()).collect();
+            let mut rows: Vec<Vec<Pass>> = (0..7).map(|_| Vec::new()).collect();
             for round in 0..a.rounds {
                 // Each round walks on where the last one stopped: over all W flows in the end.
                 let start = round * per;
-                rows[0].push(pass(&l2, 81, w, every, start, per, &mut fresh, &run_floor)?);
-                rows[1].push(pass(&l2, 81, w, every, start, per, &mut fresh, &run_l2)?);
-                rows[2].push(pass(&l2, 80, w, every, start, per, &mut fresh, &run_l2)?);
-                rows[3].push(pass(&ipip, 83, w, every, start, per, &mut fresh, &run_ipip)?);
-                rows[4].push(pass(&ipip, 82, w, every, start, per, &mut fresh, &run_ipip)?);
+                rows[0].push(pass(&l2, 81, &all, every, start, per, &mut fresh, &run_floor)?);
+                rows[1].push(pass(&l2, 81, &all, every, start, per, &mut fresh, &run_l2)?);
+                rows[2].push(pass(&l2, 80, &all, every, start, per, &mut fresh, &run_l2)?);
+                rows[3].push(pass(&ipip, 83, &all, every, start, per, &mut fresh, &run_ipip)?);
+                rows[4].push(pass(&ipip, 82, &all, every, start, per, &mut fresh, &run_ipip)?);
+                if !l2_moved.is_empty() && !ip_moved.is_empty() {
+                    rows[5].push(pass(&l2, 80, &l2_moved, every, start, per, &mut fresh, &run_l2)?);
+                    rows[6].push(pass(&ipip, 82, &ip_moved, every, start, per, &mut fresh, &run_ipip)?);
+                }
             }
             let [fl, l2_off, l2_on, ip_off, ip_on] = [0, 1, 2, 3, 4].map(|i| median(&rows[i]));
-            println!(
-                "{:>9} {:>5} {:>7.0} {:>8.0} {:>8.0} {:>+8.0} {:>5.0}% {:>8.0} {:>8.0} {:>+8.0} {:>5.0}%",
-                w,
-                new,
-                fl.ns,
-                l2_off.ns,
-                l2_on.ns,
-                l2_on.ns - l2_off.ns,
-                l2_on.hits * 100.0,
-                ip_off.ns,
-                ip_on.ns,
-                ip_on.ns - ip_off.ns,
-                ip_on.hits * 100.0
-            );
+            let over = |row: &Pass, off: &Pass| (row.ns - fl.ns) / (off.ns - fl.ns);
+            let line = |name: &str, l: &Pass, i: &Pass, off: bool| {
+                let (lx, ix) = if off { ("1.00".to_string(), "1.00".to_string()) } else { (format!("{:.2}", over(l, &l2_off)), format!("{:.2}", over(i, &ip_off))) };
+                println!(
+                    "{:>5} {:>6.0} {:>8} {:>8.0} {:>6} {:>5.0}% {:>5.0}% {:>8.0} {:>6} {:>5.0}%",
+                    new, fl.ns, name, l.ns, lx, l.stable * 100.0, l.hits * 100.0, i.ns, ix, i.stable * 100.0
+                );
+            };
+            line("off", &l2_off, &ip_off, true);
+            line("on", &l2_on, &ip_on, false);
+            if !rows[5].is_empty() {
+                line("moved", &median(&rows[5]), &median(&rows[6]), false);
+            }
         }
     }
+    let l2 = load()?;
+    let run_l2 = |f: &[u8]| l2.test_run_repeat(f, 1);
     // A SYN flood: every packet a SYN of a flow never seen, each from another source. With the
     // guard (the default) it is recorded in the half-open table; without it, it makes (and
     // evicts) flow-table entries.
     let packets = a.packets;
-    let fl = pass(&l2, 81, 1, 1, 0, packets, &mut fresh, &run_floor)?;
-    let off = pass(&l2, 81, 1, 1, 0, packets, &mut fresh, &run_l2)?;
-    let on = pass(&l2, 80, 1, 1, 0, packets, &mut fresh, &run_l2)?;
+    let one = [0u64];
+    let fl = pass(&l2, 81, &one, 1, 0, packets, &mut fresh, &run_floor)?;
+    let off = pass(&l2, 81, &one, 1, 0, packets, &mut fresh, &run_l2)?;
+    let on = pass(&l2, 80, &one, 1, 0, packets, &mut fresh, &run_l2)?;
     let run_unguarded = |f: &[u8]| unguarded.test_run_repeat(f, 1);
-    let unguarded_on = pass(&unguarded, 80, 1, 1, 0, packets, &mut fresh, &run_unguarded)?;
+    let unguarded_on = pass(&unguarded, 80, &one, 1, 0, packets, &mut fresh, &run_unguarded)?;
     println!();
     println!("SYN flood, every packet a SYN from a new source ({packets} packets): ns per packet");
     println!("{:>7} {:>8} {:>14} {:>16}", "floor", "ct off", "ct on (guard)", "ct on, no guard");

@@ -21,5 +21,6 @@ pub mod health;
 pub mod metrics;
 pub mod plan;
 pub mod report;
+pub mod stable;
 pub mod stats;
 pub mod table;

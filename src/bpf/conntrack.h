@@ -46,10 +46,10 @@ static __always_inline __u32 reset_seen(const struct flow_word *f, __u32 timeout
  * leaves the entry LB_CT_RESET_TICKS to live (reset_seen()), counted from the first RST (more
  * RSTs do not extend it, so an RST spray cannot keep a flow looking alive). Any other packet
  * rewrites `seen` once it is older than the refresh interval, and confirms the entry then; a
- * packet sooner than that after an RST clears the reset (the flow goes on: RSTs can be spoofed)
+ * written word rewrites the flow's record too (flow.h, flow_note()). A packet sooner than that after an RST clears the reset (the flow goes on: RSTs can be spoofed)
  * and changes nothing else, so RSTs neither confirm an entry nor keep one from being
  * confirmed. */
-static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int rst)
+static __always_inline void refresh(struct lb_flow *e, __u32 at, struct flow_word f, __u64 w, __u32 timeout, __u32 now, int rst, __u64 rec)
 {
 	__u32 every = ct_refresh_every(timeout);
 
@@ -66,7 +66,16 @@ static __always_inline void refresh(struct lb_flow *e, struct flow_word f, __u64
 	} else {
 		return;
 	}
-	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
+	if (__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f)) == w)
+		flow_note(&flow_records, at, rec);
+}
+
+/* The record (flow.h, flow_record()) of a flow with tag `tag` whose entry of the destination
+ * tables is `slot`, in a table of `slots` entries (0: none, and no record). Computed where it
+ * is written rather than kept: ct_choose() has no stack to spare. */
+static __always_inline __u64 ct_rec(__u64 tag, __u32 slot, __u32 slots)
+{
+	return slots ? flow_record(tag, slot) : 0;
 }
 
 /* The backend a second-chance service's flow picked up in mid-connection is tracked to, when
@@ -129,13 +138,16 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	 * later change of its slot does not move it. Never an RST, which ends what it touches. */
 	int adopt = proto == IPPROTO_TCP && !syn && !rst;
 	__u32 pflags = (proto == IPPROTO_UDP ? LB_FLOW_UDP : 0) | (rst ? LB_FLOW_RESET : 0);
+	/* The flow's entry of the destination tables, for picking and for its record. */
+	__u32 slots = (__u32)table, slot = slots ? (table >> 32) + hash % slots : 0, at = 0;
 	struct lb_flow *e, *pe;
 	struct flow_word f;
 	__u64 w;
 
 	tag |= 1;
-	e = flow_find(&flows, mask, 2, tag, &f, &w);
+	e = flow_find(&flows, mask, 2, tag, &w, &at);
 	if (e) {
+		f = flow_unpack(w);
 		int ok = usable(&f, timeout, now);
 
 		/* A pure SYN follows a live entry (a retransmitted SYN; a spoofed one, which the
@@ -143,24 +155,25 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		 * enough to have ended: then it is a new connection on the same ports. */
 		if (ok && !(syn && !(f.flags & LB_FLOW_RESET) && now - f.seen >= ct_syn_idle(timeout))) {
 			if (!syn)
-				refresh(e, f, w, timeout, now, rst);
+				refresh(e, at, f, w, timeout, now, rst, ct_rec(tag, slot, slots));
 			count(LB_CT_HIT, 0);
 			return f.backend;
 		}
 		if (!ok)
 			count(LB_CT_STALE, 0);
-		id = pick_in(table >> 32, (__u32)table, hash);
+		id = pick_slot(slots, slot);
 		if (id == 0)
 			return 0;
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		flow_put(&flows, mask, 2, tag, e, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
+		flow_put(&flows, &flow_records, mask, 2, tag, e, at, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots));
 		count(LB_CT_NEW, 0);
 		return id;
 	}
 	count(LB_CT_MISS, 0);
 	if (lb_settings.ct_guard) {
-		pe = flow_find(&flow_pending, pmask, 1, tag, &f, &w);
+		pe = flow_find(&flow_pending, pmask, 1, tag, &w, &at);
 		if (pe) {
+			f = flow_unpack(w);
 			int stale = !usable(&f, timeout, now);
 			int put;
 
@@ -168,7 +181,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 				/* Its first packet went to a backend that is gone or down (or long
 				 * ago): the table decides again. */
 				count(LB_CT_STALE, 0);
-				id = pick_in(table >> 32, (__u32)table, hash);
+				id = pick_slot(slots, slot);
 				if (id == 0)
 					return 0;
 				gen = bpf_map_lookup_elem(&backend_gen, &id);
@@ -178,7 +191,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 			if (syn) {
 				/* A SYN sent again: where the first one went. */
 				if (stale)
-					flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+					flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
 				else
 					count(LB_CT_HIT, 0);
 				return f.backend;
@@ -186,7 +199,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 			/* The flow's next packet: established, with the backend its first went to,
 			 * if its buckets have room it may take. */
 			if (!rst) {
-				put = flow_put(&flows, mask, 2, tag, NULL, flow_pack(f.backend, f.gen, pflags, now), 1, now);
+				put = flow_put(&flows, &flow_records, mask, 2, tag, NULL, 0, flow_pack(f.backend, f.gen, pflags, now), 1, now, ct_rec(tag, slot, slots));
 				if (put >= 0) {
 					if (put > 0)
 						count(LB_CT_EVICTED, 0);
@@ -199,9 +212,10 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 					 * packet, and the flow be re-picked in mid-stream. */
 					count(LB_CT_NO_ROOM, 0);
 					if (stale)
-						flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
-					else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout))
-						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
+						flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
+					else if (((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout)) &&
+						 __sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now)) == w)
+						flow_note(&pending_records, at, ct_rec(tag, slot, slots));
 				}
 			} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
 				/* An RST shortens a half-open record's life as it does an
@@ -210,27 +224,27 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 				f.flags |= LB_FLOW_RESET;
 				__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
 			} else if (stale) {
-				flow_put(&flow_pending, pmask, 1, tag, pe, flow_pack(f.backend, f.gen, pflags, now), 0, now);
+				flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
 			}
 			if (!stale)
 				count(LB_CT_HIT, 0);
 			return f.backend;
 		}
-		id = pick_in(table >> 32, (__u32)table, hash);
+		id = pick_slot(slots, slot);
 		if (id == 0)
 			return 0;
 		if (adopt && (proto_flags >> 16))
 			id = proto_flags >> 16;
 		if (first || adopt) {
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
-			flow_put(&flow_pending, pmask, 1, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now);
+			flow_put(&flow_pending, &pending_records, pmask, 1, tag, NULL, 0, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots));
 			count(LB_CT_PENDING, 0);
 			if (adopt)
 				count(LB_CT_ADOPTED, 0);
 		}
 		return id;
 	}
-	id = pick_in(table >> 32, (__u32)table, hash);
+	id = pick_slot(slots, slot);
 	if (id == 0)
 		return 0;
 	if (adopt && (proto_flags >> 16))
@@ -239,18 +253,39 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		count(LB_CT_ADOPTED, 0);
 	if (first || adopt) {
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
-		if (flow_put(&flows, mask, 2, tag, NULL, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now) > 0)
+		if (flow_put(&flows, &flow_records, mask, 2, tag, NULL, 0, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots)) > 0)
 			count(LB_CT_EVICTED, 0);
 		count(LB_CT_NEW, 0);
 	}
 	return id;
 }
 
-/* ct_choose() for a packet of `svc` whose flow hash is p->hash: the backend id, or 0. */
+/* The backend id for a packet of `svc` whose flow hash is p->hash, or 0. A TCP packet without
+ * SYN or RST whose slot is stable (lb.h, enum lb_slot_bits) goes by the table: an entry of its
+ * flow, if any, names the slot's owner, since the sweep marks a slot stable only once no entry
+ * naming another backend can hash to it. That skips the flow-table lookup, a cache miss in a
+ * table of many flows; one such packet in 2^LB_SLOT_SAMPLE_SHIFT takes the whole path anyway,
+ * which makes, confirms and refreshes the flow's entry for the day its slot changes. Every
+ * other packet (a SYN, an RST, UDP, a packet on an unstable slot) calls ct_choose(). */
 static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
 {
-	__u32 hop = tcp_flags & TCP_FLAG_SYN ? 0 : adopt_hop(svc, p->hash);
+	__u32 hop = 0;
 
+	if (proto == IPPROTO_TCP && !(tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST)) && svc->slots) {
+		__u32 slot = svc->base + p->hash % svc->slots, half = slot >> 1;
+		struct lb_slot_pair *pair = bpf_map_lookup_elem(&table_slots, &half);
+		__u32 word = pair ? pair->id[slot & 1] : 0;
+
+		if (!(word & LB_SLOT_UNSTABLE) && (word & LB_SLOT_ID_MASK) &&
+		    (bpf_get_prandom_u32() & ((1u << LB_SLOT_SAMPLE_SHIFT) - 1))) {
+			count(LB_CT_STABLE, 0);
+			return word & LB_SLOT_ID_MASK;
+		}
+		/* Adopted to the slot's previous owner only where the slot is unstable: a stable
+		 * slot's flows all go where the table says. */
+		if (word & LB_SLOT_UNSTABLE)
+			hop = adopt_hop(svc, p->hash);
+	}
 	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
 }
 
@@ -260,17 +295,19 @@ static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc
  * packets; 0 when dropped. */
 static __always_inline __u32 route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
 {
-	__u32 now = ct_now();
+	__u32 now = ct_now(), at;
 	struct flow_word f;
 	__u32 id = 0;
 	__u64 w;
 
 	tag |= 1;
 	if (svc->flags & LB_SVC_CONNTRACK) {
-		if ((flow_find(&flows, lb_settings.ct_mask, 2, tag, &f, &w) ||
-		     flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &f, &w)) &&
-		    usable(&f, ct_timeout_ticks(proto), now))
-			id = f.backend;
+		if (flow_find(&flows, lb_settings.ct_mask, 2, tag, &w, &at) ||
+		    flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &w, &at)) {
+			f = flow_unpack(w);
+			if (usable(&f, ct_timeout_ticks(proto), now))
+				id = f.backend;
+		}
 	}
 	if (id == 0)
 		id = pick(svc, p->hash);

@@ -68,7 +68,7 @@ static __noinline __u64 hop_list(__u32 slot, __u32 id, __u32 family)
 	__u64 list = 0;
 
 	if (pair)
-		owner = pair->id[slot & 1];
+		owner = pair->id[slot & 1] & LB_SLOT_ID_MASK;
 	if (hp) {
 		first = hp->slot[slot & 1].id[0];
 		second = hp->slot[slot & 1].id[1];

@@ -35,6 +35,25 @@ struct {
 	__type(value, struct lb_flow);
 } flow_pending SEC(".maps");
 
+/* Where each entry of `flows` and of `flow_pending` hashes in the destination tables (lb.h,
+ * struct lb_flow_record), at its entry's index: written by the program, read only by the
+ * control plane's sweep of unstable slots, never on a packet's way. Sized like their tables. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_FLOW_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_flow_record);
+} flow_records SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_FLOW_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_flow_record);
+} pending_records SEC(".maps");
+
 /* The secret key of the flow tags (lb.h, struct lb_flow_key): written by user space before the
  * program is attached, pinned, and never changed while the data plane lives. */
 struct {
@@ -147,11 +166,12 @@ static __always_inline __u32 flow_slot(__u64 tag, __u32 mask, __u32 k)
 	return bucket * LB_FLOW_WAYS + (k & (LB_FLOW_WAYS - 1));
 }
 
-/* The slot of `map` holding `tag`, with its word read consistently, or NULL. `choices`: 2 for
+/* The slot of `map` holding `tag`, with its word read consistently (`word`) and its index
+ * (`at`), or NULL. `choices`: 2 for
  * the flow table (the second bucket's cache line is read only when the first does not hold the
  * flow), 1 for the half-open table, which a flood churns anyway. A slot being written holds
  * LB_FLOW_BUSY, which is no flow's tag. */
-static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 choices, __u64 tag, struct flow_word *out, __u64 *word)
+static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 choices, __u64 tag, __u64 *word, __u32 *at)
 {
 #pragma unroll
 	for (__u32 i = 0; i < 2 * LB_FLOW_WAYS; i++) {
@@ -169,11 +189,27 @@ static __always_inline struct lb_flow *flow_find(void *map, __u32 mask, __u32 ch
 		 * tag for LB_FLOW_BUSY before writing the word. */
 		if (*(volatile __u64 *)&e->tag != tag)
 			continue;
-		*out = flow_unpack(w);
 		*word = w;
+		*at = k;
 		return e;
 	}
 	return NULL;
+}
+
+/* Records where the flow of entry `k` hashes (`rec`: lb.h, struct lb_flow_record, as one word),
+ * in `recs`, the records of the entry's table. Called once the entry's word is written. */
+static __always_inline void flow_note(void *recs, __u32 k, __u64 rec)
+{
+	__u64 *r = bpf_map_lookup_elem(recs, &k);
+
+	if (r)
+		*(volatile __u64 *)r = rec;
+}
+
+/* A flow's record (lb.h, struct lb_flow_record) from its tag and its destination-table entry. */
+static __always_inline __u64 flow_record(__u64 tag, __u32 slot)
+{
+	return (__u64)(slot + 1) << 32 | (__u32)tag;
 }
 
 /* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
@@ -222,18 +258,18 @@ static __always_inline __u64 evict_rank(__u64 tag, __u64 w, int guarded, __u32 n
 	return usable(&f, timeout, now) ? ~0ull : (1ull << 33) | (0xffffffffull - age);
 }
 
-/* Writes a flow into `map`: into `have` (the slot that already has its tag), else the slot of
- * its buckets evict_rank() ranks first. Every claim is a compare-and-swap of the tag from the
+/* Writes a flow into `map` (and its record `rec` into `recs`): into `have` (the slot that
+ * already has its tag, at index `at`), else the slot of its buckets evict_rank() ranks first. Every claim is a compare-and-swap of the tag from the
  * value judged to LB_FLOW_BUSY, so two CPUs never write one slot at once: the one that loses
  * leaves the flow unrecorded. After the claim the word is written by a compare-and-swap from
  * the word judged (a packet may have confirmed the flow between the judgement and the claim);
  * if that fails, the slot gets its tag back untouched. Returns 1 when
  * that forgot another flow, 0 when written, -1 when not. */
-static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 tag, struct lb_flow *have, __u64 word, int guarded, __u32 now)
+static __always_inline int flow_put(void *map, void *recs, __u32 mask, __u32 choices, __u64 tag, struct lb_flow *have, __u32 at, __u64 word, int guarded, __u32 now, __u64 rec)
 {
 	struct lb_flow *victim = have;
 	__u64 old = tag, best = ~0ull, w = 0;
-	__u32 slot = 0;
+	__u32 slot = at;
 
 	if (!victim) {
 		/* The slot's number, not its pointer, is kept through the loop: scalars let the
@@ -277,6 +313,7 @@ static __always_inline int flow_put(void *map, __u32 mask, __u32 choices, __u64 
 		__sync_lock_test_and_set(&victim->tag, old);
 		return -1;
 	}
+	flow_note(recs, slot, rec);
 	/* An exchange rather than a plain store: a full barrier, so no CPU sees the tag before
 	 * the word. */
 	__sync_lock_test_and_set(&victim->tag, tag);

@@ -25,7 +25,17 @@
 #define LB_FRAG_TTL4_NS (30ull * 1000 * 1000 * 1000)
 #define LB_FRAG_TTL6_NS (60ull * 1000 * 1000 * 1000)
 
-/* The key, struct lb_frag_key, is in parse.h: the parsed packet carries one. */
+/* The key, struct lb_frag_key, is in parse.h: the parsed packet points to one. */
+
+/* Each CPU's room for the fragment key of the packet it parses: a fragment's key is built here
+ * rather than on lb_xdp()'s stack, which shares the verifier's 512 bytes with ct_choose()'s.
+ * Never pinned: it holds nothing between packets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_frag_key);
+} frag_scratch SEC(".maps");
 
 /* Where the first fragment went. */
 struct lb_frag {

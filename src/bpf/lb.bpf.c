@@ -109,9 +109,15 @@ static __always_inline int handle_icmp6(struct cursor *c, struct pkt *p, const s
 	return to_backend(p, svc, route_icmp(p, svc, flow_tag40(l), q->nexthdr));
 }
 
-/* A datagram's fragment key: what every one of its fragments carries. */
-static __always_inline void frag_key(struct lb_frag_key *k, const void *src, const __u32 dst[4], __be32 id, __u8 proto, __u8 family)
+/* A datagram's fragment key: what every one of its fragments carries, in this CPU's scratch
+ * room (frag.h, frag_scratch); NULL if there is none (never expected). */
+static __always_inline struct lb_frag_key *frag_key(const void *src, const __u32 dst[4], __be32 id, __u8 proto, __u8 family)
 {
+	__u32 zero = 0;
+	struct lb_frag_key *k = bpf_map_lookup_elem(&frag_scratch, &zero);
+
+	if (!k)
+		return NULL;
 	__builtin_memset(k, 0, sizeof(*k));
 	if (family == LB_FAMILY_V4)
 		k->src[0] = *(const __be32 *)src;
@@ -121,6 +127,7 @@ static __always_inline void frag_key(struct lb_frag_key *k, const void *src, con
 	k->id = id;
 	k->proto = proto;
 	k->family = family;
+	return k;
 }
 
 /* A later fragment (no ports): where its datagram's first fragment went, if that is recorded;
@@ -168,6 +175,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 {
 	struct iphdr *iph = take(c, sizeof(*iph));
 	const struct lb_service *svc;
+	struct lb_frag_key *k;
 	__u32 hlen, tot, ports = 0, dst[4] = {};
 	__u8 tcp_flags = 0;
 	int later, first;
@@ -198,8 +206,10 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	dst[0] = iph->daddr;
 	/* A later fragment carries no ports. */
 	if (later) {
-		frag_key(p->fkey, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
-		return later_fragment(p, p->fkey, hash4(iph->saddr));
+		k = frag_key(&iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
+		if (!k)
+			return count(LB_DROP_FRAGMENT, XDP_DROP);
+		return later_fragment(p, k, hash4(iph->saddr));
 	}
 	if (parse_ports(c, iph->protocol, &ports, &tcp_flags, tot - hlen) == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
@@ -212,8 +222,9 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
 	if (first) {
-		frag_key(p->fkey, &iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
-		p->frag = p->fkey;
+		p->frag = frag_key(&iph->saddr, dst, iph->id, iph->protocol, LB_FAMILY_V4);
+		if (!p->frag)
+			return count(LB_DROP_FRAGMENT, XDP_DROP);
 		p->dport = ports >> 16;
 		p->l4proto = iph->protocol;
 	}
@@ -234,6 +245,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 {
 	struct ipv6hdr *ip6 = take(c, sizeof(*ip6));
 	const struct lb_service *svc;
+	struct lb_frag_key *k;
 	__u32 ports = 0, dst[4], left;
 	__u8 tcp_flags = 0, nh;
 	struct ipv6_ext x;
@@ -266,8 +278,10 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (x.frag == 2) {
 		if (x.fnh != IPPROTO_TCP && x.fnh != IPPROTO_UDP && !ipv6_ext(x.fnh))
 			return count(LB_STAT_PASSED, XDP_PASS);
-		frag_key(p->fkey, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
-		return later_fragment(p, p->fkey, hash16(l[0], l[1]));
+		k = frag_key(&ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
+		if (!k)
+			return count(LB_DROP_FRAGMENT, XDP_DROP);
+		return later_fragment(p, k, hash16(l[0], l[1]));
 	}
 	if (ipv6_ext(nh)) {
 		if (!has_services(dst, LB_FAMILY_V6))
@@ -289,8 +303,9 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	if (p->refuse)
 		return count(p->refuse, XDP_DROP);
 	if (x.frag == 1) {
-		frag_key(p->fkey, &ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
-		p->frag = p->fkey;
+		p->frag = frag_key(&ip6->saddr, dst, x.id, x.fnh, LB_FAMILY_V6);
+		if (!p->frag)
+			return count(LB_DROP_FRAGMENT, XDP_DROP);
 		p->dport = ports >> 16;
 		p->l4proto = nh;
 	}
@@ -317,8 +332,7 @@ SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
-	struct lb_frag_key fkey;
-	struct pkt p = { .ctx = ctx, .bytes = c.end - c.pos, .l2len = sizeof(struct ethhdr), .fkey = &fkey };
+	struct pkt p = { .ctx = ctx, .bytes = c.end - c.pos, .l2len = sizeof(struct ethhdr) };
 	__u16 proto;
 	int act;
 

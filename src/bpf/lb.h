@@ -151,9 +151,35 @@ struct lb_flow_key {
 	__u64 k[2];
 };
 
-/* Value of the table_slots array: the backend ids of two consecutive slots (0 = empty). */
+/* Value of the table_slots array: the words of two consecutive slots, each a backend id (0 =
+ * empty) and the slot's state bits below. */
 struct lb_slot_pair {
 	__u32 id[2];
+};
+
+/* The bits of a table_slots word. A slot is UNSTABLE from the moment the control plane gives it
+ * a new owner (or places it in a new range) until its sweep has found that no flow tracked to
+ * another backend can still hash to it (src/stable.rs; docs/data-plane.md, "Stable slots"):
+ * only then may a tracked packet of an established TCP flow on it go by the table without its
+ * flow-table lookup, since the lookup could only say what the table says. The bit is written
+ * with the owner, in one store: no packet sees a new owner marked stable. */
+enum lb_slot_bits {
+	LB_SLOT_ID_MASK = 0xffff,         /* the backend id (ids are below LB_MAX_BACKENDS) */
+	LB_SLOT_UNSTABLE = 0x80000000,    /* flows tracked elsewhere may hash here: look them up */
+	/* On a stable slot, one packet in 2^LB_SLOT_SAMPLE_SHIFT (at random) still takes the whole
+	 * tracked path, so that entries are made (a flow's second packet, adoption), kept fresh and
+	 * confirmed without a lookup on every packet. */
+	LB_SLOT_SAMPLE_SHIFT = 4,
+};
+
+/* Where each flow-table entry's flow hashes in the destination tables, for the sweep of
+ * unstable slots: at the same index as its entry in `flows` (flow_records) or `flow_pending`
+ * (pending_records). Written with the entry, and again whenever the entry's `seen` is
+ * rewritten, as one 8-byte store; `tag` (the low half of the entry's tag) says whose it is, so
+ * a record left by another flow of the slot is seen for what it is: unknown. */
+struct lb_flow_record {
+	__u32 tag;  /* the low 32 bits of the flow's tag when this was written */
+	__u32 slot; /* its destination-table entry (index into table_slots) + 1; 0: unknown */
 };
 
 /* Second chance: for each slot of a destination table, up to two backends besides the slot's
@@ -231,7 +257,9 @@ struct lb_meta {
 	__u32 ifindex;          /* the interface it is attached to */
 	__u32 table_capacity;   /* slots of table_slots */
 	__u32 conntrack_size;   /* entries of flows */
-	__u64 reserved[2];      /* [0]: the ifindex of the --announce device holding the VIPs (0: none) */
+	__u64 reserved[2];      /* [0]: the ifindex of the --announce device holding the VIPs (0: none);
+				 * [1]: the data plane's tick (flow.h) when a table range was last
+				 * placed or rehashed, + 1 (0: not recorded; src/stable.rs) */
 };
 
 /* The program's settings (a global in .bss). */
@@ -302,6 +330,9 @@ enum lb_stat {
 	LB_CT_ADOPTED,         /* a TCP packet in mid-connection of a flow with no entry here (moved to
 				* this node, or from before it started): recorded like a first packet
 				* (also counted as pending) */
+	LB_CT_STABLE,          /* a tracked packet of an established TCP flow on a stable slot: sent by
+				* the table without a flow-table lookup (the lookup would have said
+				* the same; lb_slot_bits) */
 	LB_STAT_MAX,
 };
 

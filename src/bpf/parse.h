@@ -194,10 +194,9 @@ struct pkt {
 	__u8 l4proto; /* a first fragment's upper-layer protocol (TCP or UDP) */
 	__u8 sent;    /* set by send() and encap() once the frame goes to the backend (not a
 		       * "too big" answer): only then is a first fragment's backend recorded */
-	/* A first fragment's datagram (in lb_xdp()'s frame, `fkey`): send() records the backend
-	 * it goes to there for the later fragments (frag.h). NULL for every other packet. */
+	/* A first fragment's datagram (in the CPU's scratch room, frag.h): send() records the
+	 * backend it goes to there for the later fragments. NULL for every other packet. */
 	const struct lb_frag_key *frag;
-	struct lb_frag_key *fkey;
 	/* What a handler chose when it returns LB_SEND: the service and the backend id. */
 	const struct lb_service *svc;
 	__u32 id;

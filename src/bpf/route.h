@@ -62,28 +62,32 @@ static __always_inline int has_services(const __u32 a[4], __u8 family)
 	return find_route(a, key_tail(0, IPPROTO_TCP, family)) || find_route(a, key_tail(0, IPPROTO_UDP, family));
 }
 
-/* The backend id that the destination table at `base` (of `slots` slots) gives `hash`, or 0
- * with the drop already counted. */
-static __always_inline __u32 pick_in(__u32 base, __u32 slots, __u32 hash)
+/* The backend id in entry `slot` of table_slots, for a table of `slots` slots (0: none), or 0
+ * with the drop already counted; pick_in(): the entry that the table at `base` gives `hash`. */
+static __always_inline __u32 pick_slot(__u32 slots, __u32 slot)
 {
 	struct lb_slot_pair *pair;
-	__u32 slot, half, id;
+	__u32 half, id;
 
 	if (slots == 0) {
 		count(LB_DROP_NO_BACKEND, XDP_DROP);
 		return 0;
 	}
-	slot = base + hash % slots;
 	half = slot >> 1;
 	pair = bpf_map_lookup_elem(&table_slots, &half);
 	if (!pair) {
 		count(LB_DROP_NO_TABLE, XDP_DROP);
 		return 0;
 	}
-	id = pair->id[slot & 1];
+	id = pair->id[slot & 1] & LB_SLOT_ID_MASK;
 	if (id == 0)
 		count(LB_DROP_NO_BACKEND, XDP_DROP);
 	return id;
+}
+
+static __always_inline __u32 pick_in(__u32 base, __u32 slots, __u32 hash)
+{
+	return pick_slot(slots, slots ? base + hash % slots : 0);
 }
 
 /* The backend id the route's table gives `hash`, or 0 with the drop already counted. */

@@ -25,6 +25,11 @@ const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
 /// changed MAC is followed within this).
 const CLOCK_TICK: Duration = Duration::from_millis(250);
 
+/// How often unstable table slots are swept (src/stable.rs): a slot that changed owner goes back
+/// to lookup-free forwarding of its established flows within this, once no flow tracked
+/// elsewhere hashes to it.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often the neighbour table is re-read and unresolved or stale backends re-primed, on top
 /// of the change events the kernel sends.
 const NEIGHBOUR_REFRESH: Duration = Duration::from_secs(5);
@@ -36,11 +41,12 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
     let mut debounce = Debounce::new(d.settings.reload_delay, RELOAD_MAX_WAIT);
     let mut next_refresh = started + NEIGHBOUR_REFRESH;
     let mut next_tick = started + CLOCK_TICK;
+    let mut next_sweep = started + SWEEP_INTERVAL;
     let mut next_recheck = started + d.settings.recheck_interval;
     let mut stats = StatsPrinter::new(d.settings.stats_interval, started);
     loop {
         let now = Instant::now();
-        let mut wake = next_refresh.min(next_recheck).min(next_tick);
+        let mut wake = next_refresh.min(next_recheck).min(next_tick).min(next_sweep);
         // The probes that are due are queued here, before the wait.
         for t in [stats.next(), debounce.due(), d.health.schedule(now, &d.configured)].into_iter().flatten() {
             wake = wake.min(t);
@@ -74,6 +80,13 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
             next_tick = now + CLOCK_TICK;
             d.dp.tick()?;
             d.follow_mac()?;
+        }
+        if now >= next_sweep {
+            next_sweep = now + SWEEP_INTERVAL;
+            // A sweep that fails leaves slots unstable, which costs lookups, never a flow.
+            if let Err(e) = d.dp.sweep() {
+                crate::log::log(format!("lb: sweeping unstable slots: {e:#}"));
+            }
         }
         if now >= next_recheck {
             next_recheck = now + d.settings.recheck_interval;

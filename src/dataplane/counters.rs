@@ -185,7 +185,7 @@ fn fragment_counters() -> [(&'static str, types::lb_stat); 4] {
     [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED), ("conflict", S::LB_FRAG_CONFLICT)]
 }
 
-fn ct_counters() -> [(&'static str, types::lb_stat); 8] {
+fn ct_counters() -> [(&'static str, types::lb_stat); 9] {
     use types::lb_stat as S;
     [
         ("hit", S::LB_CT_HIT),
@@ -196,6 +196,7 @@ fn ct_counters() -> [(&'static str, types::lb_stat); 8] {
         ("evicted", S::LB_CT_EVICTED),
         ("no_room", S::LB_CT_NO_ROOM),
         ("adopted", S::LB_CT_ADOPTED),
+        ("stable", S::LB_CT_STABLE),
     ]
 }
 

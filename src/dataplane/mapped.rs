@@ -89,14 +89,55 @@ impl SlotsMapping {
     }
 
     pub(super) fn write(&self, entries: &[(u32, u32)]) -> Result<()> {
+        self.write_marked(entries, 0)
+    }
+
+    /// Writes each entry's value with the bits `mark` set (each one aligned 4-byte store).
+    pub(super) fn write_marked(&self, entries: &[(u32, u32)], mark: u32) -> Result<()> {
         for &(i, id) in entries {
             anyhow::ensure!(i < self.entries, "table entry {i} is outside the array of {}", self.entries);
-            self.map.u32_at(i as usize * 4).context("a table entry outside the mapping")?.store(id, Ordering::Relaxed);
+            self.map.u32_at(i as usize * 4).context("a table entry outside the mapping")?.store(id | mark, Ordering::Relaxed);
         }
         // Everything written here is visible before whatever map write comes next makes it
         // reachable.
         fence(Ordering::SeqCst);
         Ok(())
+    }
+}
+
+impl SlotsMapping {
+    /// Sets the bits `mark` in entry `i` (whatever it holds) and returns what it held.
+    pub(super) fn set_bits(&self, i: u32, mark: u32) -> u32 {
+        if i >= self.entries {
+            return 0;
+        }
+        self.map.u32_at(i as usize * 4).map_or(0, |w| w.fetch_or(mark, Ordering::AcqRel))
+    }
+
+    /// Entry `i` becomes `new` if it still holds `old`; whether it did.
+    pub(super) fn swap_if(&self, i: u32, old: u32, new: u32) -> bool {
+        i < self.entries && self.map.u32_at(i as usize * 4).is_some_and(|w| w.compare_exchange(old, new, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+    }
+}
+
+/// An array map of 8-byte values mapped into this process, read only (the flow records, lb.h
+/// struct lb_flow_record: each written by the program as one 8-byte store).
+pub(super) struct Words {
+    map: Mapping,
+    entries: u32,
+}
+
+impl Words {
+    pub(super) fn new(map: &impl AsFd, entries: u32) -> Result<Words> {
+        Ok(Words { map: Mapping::new(map, entries as usize * 8).context("mapping the flow records")?, entries })
+    }
+
+    /// Entry `i` (0 past the end).
+    pub(super) fn read(&self, i: u32) -> u64 {
+        if i >= self.entries {
+            return 0;
+        }
+        self.map.u64_at(i as usize * 8).map_or(0, |w| w.load(Ordering::Acquire))
     }
 }
 
@@ -187,5 +228,21 @@ impl FlowSlots {
 
     pub(super) fn len(&self) -> u32 {
         self.slots
+    }
+
+    /// Slot `i`'s tag and its backend-and-state word, read as the program reads them (tag,
+    /// word, tag again); None for a free slot, one being written or one that changed meanwhile.
+    pub(super) fn word(&self, i: u32) -> Option<(u64, u64)> {
+        if i >= self.slots {
+            return None;
+        }
+        let at = i as usize * self.stride;
+        let tag_word = self.map.u64_at(at)?;
+        let tag = tag_word.load(Ordering::Acquire);
+        if tag & 1 == 0 {
+            return None;
+        }
+        let word = self.map.u64_at(at + 8)?.load(Ordering::Acquire);
+        (tag_word.load(Ordering::Acquire) == tag).then_some((tag, word))
     }
 }

@@ -17,6 +17,7 @@ pub mod live;
 pub mod netlink;
 pub mod pin;
 mod reuse;
+pub mod stable;
 mod write;
 
 use std::collections::HashMap;
@@ -54,6 +55,8 @@ pub struct Dataplane {
     slots: SlotsMapping,
     /// The table_hops array, likewise (a slot's two hops as one 4-byte word).
     hops: SlotsMapping,
+    /// The flow tables and their records, mapped for the sweep of unstable slots.
+    flow_maps: stable::FlowMaps,
     /// Each neighbour's MAC, when known: a backend's own (l2, or encapsulated on the link) or
     /// its next hop's.
     macs: HashMap<IpAddr, [u8; 6]>,
@@ -113,6 +116,20 @@ impl Dataplane {
         if let Some(r) = reuse {
             fresh = reuse::reuse_maps(&mut open, r)?;
         }
+        // Each flow table's records sit at its entries' indexes: the same size as the table,
+        // which a reused one keeps from its pin. Records are reused only with their table
+        // (reuse::reuse_maps), and then have its size already.
+        let reused = |records: &str, table: &str| {
+            reuse.is_some_and(|r| r.dir.join(records).exists()) && !fresh.contains(&table) && !fresh.contains(&records)
+        };
+        if !reused("flow_records", "flows") {
+            let entries = open.maps.flows.max_entries();
+            open.maps.flow_records.set_max_entries(entries).context("sizing the flow records")?;
+        }
+        if !reused("pending_records", "flow_pending") {
+            let entries = open.maps.flow_pending.max_entries();
+            open.maps.pending_records.set_max_entries(entries).context("sizing the half-open flow records")?;
+        }
         // The hops of every slot sit at the slot's index: the same size as the table array,
         // which a reused one keeps from its pin.
         if reuse.is_none() || fresh.contains(&"table_hops") {
@@ -127,7 +144,15 @@ impl Dataplane {
             "the pinned second-chance hops do not match the table array's size"
         );
         let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
-        let mut dp = Dataplane { skel, slots, hops, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new() };
+        let flow_maps = stable::FlowMaps::new(&skel)?;
+        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new() };
+        // A plane from before stable slots: its table words carry no unstable bit, and its
+        // entries no record, so nothing says which slots changed under which flows. Every slot
+        // is unstable until a sweep finds otherwise (src/stable.rs).
+        if reuse.is_some_and(|r| !r.dir.join("flow_records").exists() || fresh.contains(&"flow_records")) {
+            let all: Vec<(u32, u32)> = (0..capacity).map(|i| (i, dp.slots.read(i))).filter(|&(_, w)| w & stable::ID_MASK != 0).collect();
+            dp.slots.write_marked(&all, stable::UNSTABLE)?;
+        }
         if reuse.is_none() || fresh.contains(&"bss") {
             dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
             dp.set_conntrack_guard(true)?;

@@ -18,7 +18,7 @@ use super::{pin, prog_id, types, Dataplane, FLOW_WAYS};
 
 /// The maps a data plane pins, by file name. The table maps come first: they must all be reused
 /// for a controller to adopt a data plane in place.
-pub const PINNED_MAPS: [&str; 17] = [
+pub const PINNED_MAPS: [&str; 19] = [
     "vip_index",
     "routes",
     "services",
@@ -36,13 +36,15 @@ pub const PINNED_MAPS: [&str; 17] = [
     "backend_traffic",
     "flow_key",
     "table_hops",
+    "flow_records",
+    "pending_records",
 ];
 /// Maps that a data plane of an earlier version does not pin: a reader of a pinned plane does
 /// without them.
-pub const OPTIONAL_MAPS: [&str; 2] = ["flow_key", "table_hops"];
+pub const OPTIONAL_MAPS: [&str; 4] = ["flow_key", "table_hops", "flow_records", "pending_records"];
 const TABLE_MAPS: usize = 10;
 /// Maps whose size user space sets (a reused one keeps its pinned size).
-const SIZED_MAPS: [&str; 4] = ["table_slots", "table_hops", "flows", "flow_pending"];
+const SIZED_MAPS: [&str; 6] = ["table_slots", "table_hops", "flows", "flow_pending", "flow_records", "pending_records"];
 
 /// This build's layout and program identities (build.rs).
 pub const LAYOUT_HASH: &str = env!("LB_LAYOUT_HASH");
@@ -86,6 +88,8 @@ pub(super) fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'st
         ("backend_traffic", &mut m.backend_traffic),
         ("flow_key", &mut m.flow_key),
         ("table_hops", &mut m.table_hops),
+        ("flow_records", &mut m.flow_records),
+        ("pending_records", &mut m.pending_records),
     ]
 }
 
@@ -109,6 +113,8 @@ pub(super) fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'
         ("backend_traffic", &m.backend_traffic),
         ("flow_key", &m.flow_key),
         ("table_hops", &m.table_hops),
+        ("flow_records", &m.flow_records),
+        ("pending_records", &m.pending_records),
     ]
 }
 
@@ -202,10 +208,21 @@ pub(super) fn reuse_maps(open: &mut skel::OpenLbSkel<'_>, r: &Reuse) -> Result<V
     if !usable.iter().any(|(n, _)| *n == "flow_key") {
         usable.retain(|(n, _)| *n != "flows" && *n != "flow_pending");
     }
+    // A flow table's records sit at its entries' indexes: kept only with their table, and
+    // made anew with it (not reported apart: the table is).
+    let mut with_table: Vec<&str> = Vec::new();
+    for (table, records) in [("flows", "flow_records"), ("flow_pending", "pending_records")] {
+        if !usable.iter().any(|(n, _)| *n == table) && usable.iter().any(|(n, _)| *n == records) {
+            usable.retain(|(n, _)| *n != records);
+            with_table.push(records);
+        }
+    }
     let mut fresh: Vec<&'static str> = Vec::new();
     for (name, map) in open_maps(open) {
         let Some(&(_, entries)) = usable.iter().find(|(n, _)| *n == name) else {
-            fresh.push(name);
+            if !with_table.contains(&name) {
+                fresh.push(name);
+            }
             continue;
         };
         let path = r.dir.join(name);
@@ -372,6 +389,8 @@ impl Dataplane {
     /// Writes lb_meta: this build's identities, the controller, the sizes.
     pub fn write_meta(&self, attached_ms: u64, controller: Option<(u32, u64)>, ifindex: u32) -> Result<()> {
         let sizes = self.sizes()?;
+        // The placement mark stays with the tables it describes.
+        let placed = self.placed_mark()?.map_or(0, |t| t as u64 + 1);
         let meta = types::lb_meta {
             magic: LB_META_MAGIC,
             layout: layout_hash(),
@@ -382,7 +401,7 @@ impl Dataplane {
             ifindex,
             table_capacity: sizes.table_capacity,
             conntrack_size: sizes.flows,
-            reserved: [0; 2],
+            reserved: [0, placed],
         };
         self.skel.maps.lb_meta.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
         Ok(())
@@ -395,6 +414,27 @@ impl Dataplane {
         let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
         let mut meta: types::lb_meta = value_of(&v);
         meta.reserved[0] = ifindex as u64;
+        m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
+        Ok(())
+    }
+}
+
+impl Dataplane {
+    /// When a table range was last placed or rehashed (the data plane's ticks), as lb_meta
+    /// records it (`reserved[1]`, the tick + 1; 0: never recorded, a plane from before stable
+    /// slots or a fresh one). See src/stable.rs.
+    pub fn placed_mark(&self) -> Result<Option<u32>> {
+        let v = self.skel.maps.lb_meta.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let meta: types::lb_meta = value_of(&v);
+        Ok((meta.magic == LB_META_MAGIC && meta.reserved[1] != 0).then(|| (meta.reserved[1] - 1) as u32))
+    }
+
+    /// Records that a table range was placed or rehashed at `tick`.
+    pub fn set_placed_mark(&self, tick: u32) -> Result<()> {
+        let m = &self.skel.maps.lb_meta;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let mut meta: types::lb_meta = value_of(&v);
+        meta.reserved[1] = tick as u64 + 1;
         m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
         Ok(())
     }

@@ -52,7 +52,8 @@ impl Dataplane {
                 *gen = gen.wrapping_add(1);
                 maps.backend_gen.update(&id.to_ne_bytes(), &gen.to_ne_bytes(), MapFlags::ANY)?;
             }
-            plan::Op::Slots(entries) => self.slots.write(entries)?,
+            // Every slot written gets a new owner (or a new range): unstable until swept.
+            plan::Op::Slots(entries) => self.slots.write_marked(entries, super::stable::UNSTABLE)?,
             plan::Op::Hops(entries) => {
                 // struct lb_hops: two 16-bit ids (below LB_MAX_BACKENDS) in one aligned word.
                 let words: Vec<(u32, u32)> = entries
@@ -110,9 +111,10 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Entry `i` of the table array (0 past its end), read through the mapping.
+    /// The backend id of entry `i` of the table array (0 past its end), read through the
+    /// mapping, without its state bits.
     pub fn slot(&self, i: u32) -> u32 {
-        self.slots.read(i)
+        self.slots.read(i) & super::stable::ID_MASK
     }
 
     /// The second-chance hops of entry `i` of the table array ([0, 0] past its end).

@@ -21,6 +21,8 @@ use crate::plan;
 use crate::stats::{BackendCounters, BackendStatus, PlaneStatus, ServiceCounters, ServiceStatus, Snapshot, Traffic};
 use crate::table;
 
+mod stable;
+
 /// A data plane and what the controller knows of it.
 pub struct Balancer {
     dp: Dataplane,
@@ -30,6 +32,8 @@ pub struct Balancer {
     state: plan::State,
     /// Reuses ring tokens from one change to the next.
     builder: table::Builder,
+    /// Which slots are marked unstable (src/stable.rs).
+    marks: stable::Marks,
 }
 
 /// What one [`Balancer::apply`] did.
@@ -87,7 +91,7 @@ impl Balancer {
     pub fn load_with(table_capacity: u32, conntrack_size: u32, reuse: Option<&Reuse>) -> Result<(Balancer, Vec<&'static str>)> {
         let (dp, fresh) = Dataplane::load_with(table_capacity, conntrack_size, reuse)?;
         let limits = limits_of(dp.sizes()?);
-        Ok((Balancer { dp, limits, state: plan::State::default(), builder: Default::default() }, fresh))
+        Ok((Balancer { dp, limits, state: plan::State::default(), builder: Default::default(), marks: Default::default() }, fresh))
     }
 
     /// Installs `pool` on fresh maps: the interface's MAC, each backend's neighbour's MAC from
@@ -139,10 +143,12 @@ impl Balancer {
                 let mut state = plan.state;
                 state.taint(&plan.ops[..=i]);
                 self.state = state;
+                self.marks.note_written(&plan.ops[..=i]);
                 return Err(e.context(format!("applying the new tables (write {} of {})", i + 1, plan.ops.len())));
             }
         }
-        self.state = plan.state;
+        let old = std::mem::replace(&mut self.state, plan.state);
+        self.marks.after(&self.dp, &old.services, &self.state.services, &plan.ops)?;
         Ok(applied)
     }
 
@@ -175,6 +181,7 @@ impl Balancer {
             s.hops = (0..s.slots).map(|i| dp.hops_at(s.base + i)).collect();
         }
         self.dp.recall(&live)?;
+        self.marks.adopt(&self.dp, &state.services)?;
         self.state = state;
         for (id, address) in retire {
             self.dp.write_backend(id, address, false, false)?;
@@ -220,6 +227,32 @@ impl Balancer {
             .filter(|b| at(b.address))
             .map(|b| (b.id, b.state != BackendState::Down))
             .collect()
+    }
+
+    /// Marks stable every unstable slot that no tracked flow elsewhere can hash to any more
+    /// (src/stable.rs): from then on its established TCP flows go by the table without a
+    /// flow-table lookup. The daemon calls it every second; it reads the flow tables whole
+    /// (through their mappings) only while some slot is unstable. Returns how many slots it
+    /// marked stable.
+    pub fn sweep(&mut self) -> Result<usize> {
+        self.marks.sweep(&self.dp, &self.state.services)
+    }
+
+    /// Marks every slot stable WITHOUT the sweep's check: tracked flows whose slot changed then
+    /// follow the table. Only for the tests that show what the sweep's check protects.
+    #[doc(hidden)]
+    pub fn mark_all_stable_unchecked(&mut self) {
+        self.marks.forget_all(&self.dp);
+    }
+
+    /// How many slots are marked unstable now.
+    pub fn unstable_slots(&self) -> usize {
+        self.marks.count()
+    }
+
+    /// Whether table entry `i` is marked unstable.
+    pub fn is_unstable(&self, i: u32) -> bool {
+        self.marks.is_unstable(i)
     }
 
     /// The installed services, as the maps hold them.

@@ -1,0 +1,169 @@
+//! The balancer's side of stable slots (src/stable.rs): which slots it has marked unstable, when
+//! each service's range was placed, marking after each change and on adoption, and the sweep
+//! that marks slots stable again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use anyhow::Result;
+
+use crate::config::{Forward, HashMode};
+use crate::dataplane::{stable as marks, Dataplane};
+use crate::plan::{LiveService, Op};
+use crate::stable::{self, Entry};
+
+/// What an entry's RST leaves of its life at most (flow.h, LB_CT_RESET_TICKS).
+const CT_RESET_TICKS: u32 = 240;
+
+/// The unstable slots and what judging them needs.
+#[derive(Debug, Default)]
+pub(super) struct Marks {
+    /// The slots marked unstable in the table array.
+    unstable: BTreeSet<u32>,
+    /// Per table range (by its base), when it was placed or its service rehashed: data-plane
+    /// ticks. A range not listed was placed before `before`.
+    placed: HashMap<u32, u32>,
+    /// What is known of ranges placed before this controller (lb_meta's mark; None: nothing,
+    /// then they count as placed when it took over).
+    before: Option<u32>,
+}
+
+/// What of a service decides where its flows hash: a change of any moves them all.
+fn placement(s: &LiveService) -> (u32, u32, HashMode) {
+    (s.base, s.slots, s.hash)
+}
+
+impl Marks {
+    /// After a change from `old` to `new` services whose executed operations were `ops`: every
+    /// slot written is unstable (the data plane marked it as it wrote it); a service placed anew,
+    /// resized or rehashed has every slot unstable, marked here where its owner did not change,
+    /// and its placement recorded; a second-chance slot whose first hop differs from its owner
+    /// is unstable too (src/stable.rs, pinned()).
+    pub(super) fn after(&mut self, dp: &Dataplane, old: &[LiveService], new: &[LiveService], ops: &[Op]) -> Result<()> {
+        let now = marks::now_ticks()?;
+        self.note_written(ops);
+        let was: HashMap<&str, (u32, u32, HashMode)> = old.iter().map(|s| (s.name.as_str(), placement(s))).collect();
+        let mut moved = false;
+        for s in new {
+            if was.get(s.name.as_str()) != Some(&placement(s)) {
+                moved = true;
+                self.placed.insert(s.base, now);
+                self.mark(dp, s, |_| true);
+            }
+            if s.second_chance && s.forward == Forward::Gue {
+                self.mark(dp, s, |i| stable::pinned(s.owners[i], s.hops.get(i)));
+            }
+        }
+        if moved {
+            dp.set_placed_mark(now)?;
+        }
+        // Ranges no service holds any more: a later placement writes them anew.
+        let bases: BTreeSet<u32> = new.iter().map(|s| s.base).collect();
+        self.placed.retain(|b, _| bases.contains(b));
+        Ok(())
+    }
+
+    /// Marks unstable the slots `which` selects (by index in the service's table) that are not
+    /// yet, and hold a backend.
+    fn mark(&mut self, dp: &Dataplane, s: &LiveService, which: impl Fn(usize) -> bool) {
+        for i in (0..s.owners.len()).filter(|&i| s.owners[i] != 0 && which(i)) {
+            let at = s.base + i as u32;
+            if self.unstable.insert(at) {
+                dp.mark_unstable(at);
+            }
+        }
+    }
+
+    /// After a change that failed part way, of which `ops` were executed: the slots written are
+    /// unstable (the mirror cannot say more until the next change rewrites what it touched).
+    pub(super) fn note_written(&mut self, ops: &[Op]) {
+        for op in ops {
+            if let Op::Slots(entries) = op {
+                self.unstable.extend(entries.iter().filter(|e| e.1 != 0).map(|e| e.0));
+            }
+        }
+    }
+
+    /// On adopting a live plane: its unstable slots are those whose words say so; its ranges
+    /// count as placed at lb_meta's mark (or now, when it has none).
+    pub(super) fn adopt(&mut self, dp: &Dataplane, services: &[LiveService]) -> Result<()> {
+        self.unstable.clear();
+        self.placed.clear();
+        self.before = Some(match dp.placed_mark()? {
+            Some(t) => t,
+            None => marks::now_ticks()?,
+        });
+        for s in services {
+            self.unstable.extend((s.base..s.base + s.slots).filter(|&i| dp.slot_word(i) & marks::UNSTABLE != 0));
+        }
+        Ok(())
+    }
+
+    /// Marks every unstable slot stable, unchecked (Balancer::mark_all_stable_unchecked).
+    pub(super) fn forget_all(&mut self, dp: &Dataplane) {
+        for i in std::mem::take(&mut self.unstable) {
+            dp.mark_stable(i, dp.slot_word(i) & marks::ID_MASK);
+        }
+    }
+
+    /// How many slots are unstable.
+    pub(super) fn count(&self) -> usize {
+        self.unstable.len()
+    }
+
+    /// Whether slot `i` is marked unstable.
+    pub(super) fn is_unstable(&self, i: u32) -> bool {
+        self.unstable.contains(&i)
+    }
+
+    /// Marks stable every unstable slot that the flow tables allow (src/stable.rs), and forgets
+    /// those no service holds. Returns how many became stable.
+    pub(super) fn sweep(&mut self, dp: &Dataplane, services: &[LiveService]) -> Result<usize> {
+        if self.unstable.is_empty() {
+            return Ok(0);
+        }
+        let mut ranges: Vec<&LiveService> = services.iter().collect();
+        ranges.sort_by_key(|s| s.base);
+        let service_at = |i: u32| -> Option<(&LiveService, usize)> {
+            let k = ranges.partition_point(|s| s.base <= i).checked_sub(1)?;
+            let s = ranges[k];
+            (i < s.base + s.owners.len() as u32).then(|| (s, (i - s.base) as usize))
+        };
+        self.unstable.retain(|&i| service_at(i).is_some());
+        let mut judged: BTreeMap<u32, Option<u32>> = BTreeMap::new();
+        for &i in &self.unstable {
+            if let Some((s, k)) = service_at(i) {
+                if s.second_chance && s.forward == Forward::Gue && stable::pinned(s.owners[k], s.hops.get(k)) {
+                    continue;
+                }
+                judged.insert(i, self.placed.get(&s.base).copied().or(self.before));
+            }
+        }
+        if judged.is_empty() {
+            return Ok(0);
+        }
+        let now = marks::now_ticks()?;
+        let (tcp, udp) = dp.conntrack_timeouts_ms();
+        let (tcp, udp) = (stable::ticks(tcp), stable::ticks(udp));
+        let mut entries = Vec::new();
+        dp.for_each_flow(|e| {
+            let mut timeout = if e.udp { udp } else { tcp };
+            if e.reset && (timeout == 0 || timeout > CT_RESET_TICKS) {
+                timeout = CT_RESET_TICKS;
+            }
+            // An entry whose id went to another backend since never counts again; one whose
+            // backend is down now may count again when it returns, so it is kept.
+            if e.backend != 0 && e.gen == dp.flow_gen(e.backend) && stable::alive(e.seen, now, timeout) {
+                entries.push(Entry { backend: e.backend, seen: e.seen, slot: e.slot });
+            }
+        });
+        let cleared = stable::sweep(&judged, entries, now, |i| service_at(i).map(|(s, k)| s.owners[k]));
+        let mut n = 0;
+        for s in cleared {
+            if dp.mark_stable(s.index, s.owner) {
+                self.unstable.remove(&s.index);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}

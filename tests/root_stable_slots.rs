@@ -1,0 +1,334 @@
+//! Stable slots through the real program and maps (BPF_PROG_TEST_RUN): an established TCP flow
+//! on a slot that has not changed owner goes by the table without its flow-table lookup; a slot
+//! that changed stays looked up while a flow tracked elsewhere can hash to it (changed once or
+//! twice, drained, resized), then becomes cheap again; entries are still made, confirmed and kept
+//! fresh by the sampled packets. The checks that would fail without the sweep's rule are run
+//! with the rule switched off too. Needs root: `cargo test --test root_stable_slots`.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use common::packet::*;
+use lb::balancer::Balancer;
+use lb::config::{parse_str, HashMode, Pool};
+use lb::dataplane::types::lb_stat;
+use lb::flowhash::flow_hash;
+use lb::table;
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const RST: u8 = 0x04;
+
+const A: &str = include_str!("pools/conntrack.yaml");
+const THREE: &str = "[10.99.0.11, 10.99.0.12, 10.99.0.13]";
+
+fn mac(a: IpAddr) -> [u8; 6] {
+    match a {
+        IpAddr::V4(v) => [2, 0xcc, 0, 0, 0, v.octets()[3]],
+        IpAddr::V6(_) => [0; 6],
+    }
+}
+
+fn pool(text: &str) -> Pool {
+    parse_str("p.yaml", text).expect("valid")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn setup() -> (Balancer, Pool) {
+    let p = pool(A);
+    (common::tracked_plane(&p, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true, mac), p)
+}
+
+fn hash(src: Ipv4Addr, sport: u16) -> u32 {
+    flow_hash(HashMode::Flow, src.into(), ip("10.99.0.100"), sport, 80, 6)
+}
+
+/// The backend the table of `pool`'s web service gives (src, sport).
+fn table_says(pool: &Pool, src: Ipv4Addr, sport: u16) -> IpAddr {
+    let s = pool.service("web").expect("service");
+    let t = table::build_service(s);
+    s.backends[t.owner((hash(src, sport) % s.slots) as usize).expect("owner")].address
+}
+
+/// The table-array index of (src, sport)'s slot as installed now.
+fn slot_of(dp: &Balancer, src: Ipv4Addr, sport: u16) -> u32 {
+    let s = dp.installed().iter().find(|s| s.name == "web").expect("web");
+    s.base + hash(src, sport) % s.slots
+}
+
+fn tcp(dp: &Balancer, src: Ipv4Addr, sport: u16, flags: u8) -> IpAddr {
+    let (action, out) = dp.test_run(&ipv4_simple(src, v4("10.99.0.100"), L4::Tcp { sport, dport: 80, flags })).expect("run");
+    assert_eq!(action, XDP_TX);
+    IpAddr::V4(Ipv4Addr::new(10, 99, 0, out[5]))
+}
+
+fn ct(dp: &Balancer, stat: lb_stat) -> u64 {
+    dp.stat(stat).expect("stat")
+}
+
+/// `n` flows (src, sport) whose backend differs between two pools' tables, from `skip` on.
+fn moving(a: &Pool, b: &Pool, skip: usize, n: usize) -> Vec<(Ipv4Addr, u16)> {
+    (0..200_000u32)
+        .map(|i| (Ipv4Addr::from(0xc000_0200 + (i % 250)), 10_000 + (i / 250) as u16))
+        .filter(|&(s, p)| table_says(a, s, p) != table_says(b, s, p))
+        .skip(skip)
+        .take(n)
+        .collect()
+}
+
+/// `n` flows whose backend is the same in both pools, from `skip` on.
+fn staying(a: &Pool, b: &Pool, skip: usize, n: usize) -> Vec<(Ipv4Addr, u16)> {
+    (0..200_000u32)
+        .map(|i| (Ipv4Addr::from(0xc600_0000 + (i % 250)), 20_000 + (i / 250) as u16))
+        .filter(|&(s, p)| table_says(a, s, p) == table_says(b, s, p))
+        .skip(skip)
+        .take(n)
+        .collect()
+}
+
+/// Handshake and a few packets: tracked (pending, then established at the ACK) while the slots
+/// are unstable, as after an install.
+fn establish(dp: &Balancer, flows: &[(Ipv4Addr, u16)]) {
+    for &(s, p) in flows {
+        tcp(dp, s, p, SYN);
+        tcp(dp, s, p, ACK);
+    }
+}
+
+/// Sweeps until nothing more becomes stable.
+fn settle(dp: &mut Balancer) {
+    while dp.sweep().expect("sweep") > 0 {}
+}
+
+#[test]
+fn root_a_stable_slot_sends_established_flows_without_a_lookup() {
+    let (mut dp, a) = setup();
+    let flows = staying(&a, &a, 0, 200);
+    establish(&dp, &flows);
+    assert!(dp.unstable_slots() > 0, "an install marks every slot it writes");
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0, "no flow is tracked elsewhere than its slot's owner");
+    let (stable, hit, miss) = (ct(&dp, lb_stat::LB_CT_STABLE), ct(&dp, lb_stat::LB_CT_HIT), ct(&dp, lb_stat::LB_CT_MISS));
+    for _ in 0..10 {
+        for &(s, p) in &flows {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p));
+        }
+    }
+    let (stable, hit, miss) = (ct(&dp, lb_stat::LB_CT_STABLE) - stable, ct(&dp, lb_stat::LB_CT_HIT) - hit, ct(&dp, lb_stat::LB_CT_MISS) - miss);
+    // One packet in 16 at random takes the whole path: 125 of 2,000 expected.
+    assert_eq!(stable + hit, 2000, "every packet by the table or by its entry");
+    assert_eq!(miss, 0, "every sampled packet found its entry");
+    assert!(stable >= 1700 && hit >= 50, "{stable} sent by the table, {hit} looked up");
+    // A SYN always takes the whole path: recorded half-open, as before.
+    let pending = ct(&dp, lb_stat::LB_CT_PENDING);
+    let fresh = staying(&a, &a, 500, 20);
+    for &(s, p) in &fresh {
+        tcp(&dp, s, p, SYN);
+    }
+    assert_eq!(ct(&dp, lb_stat::LB_CT_PENDING) - pending, 20);
+}
+
+/// A flow whose slot changed keeps its backend, and the slot stays unstable while the flow's
+/// entry lives; with the sweep's rule off (every slot marked stable) the same flows follow the
+/// new table and break.
+#[test]
+fn root_a_changed_slot_is_looked_up_while_a_flow_tracked_elsewhere_lives() {
+    for rule in [true, false] {
+        let (mut dp, a) = setup();
+        let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+        let flows = moving(&a, &b, 0, 40);
+        let others = staying(&a, &b, 0, 40);
+        establish(&dp, &flows);
+        establish(&dp, &others);
+        settle(&mut dp);
+        dp.apply(&b).expect("apply");
+        let changed = dp.unstable_slots();
+        assert!(changed > 0, "the slots that moved to the new backend are unstable");
+        if rule {
+            settle(&mut dp);
+            for &(s, p) in &flows {
+                assert!(dp.is_unstable(slot_of(&dp, s, p)), "{s}:{p}'s slot stays unstable");
+            }
+            let held: std::collections::HashSet<u32> = flows.iter().map(|&(s, p)| slot_of(&dp, s, p)).collect();
+            assert_eq!(dp.unstable_slots(), held.len(), "the changed slots no moved flow hashes to became stable");
+        } else {
+            dp.mark_all_stable_unchecked();
+        }
+        let kept = flows.iter().filter(|&&(s, p)| (0..8).all(|_| tcp(&dp, s, p, ACK) == table_says(&a, s, p))).count();
+        if rule {
+            assert_eq!(kept, flows.len(), "every moved flow kept its backend");
+        } else {
+            assert!(kept < flows.len() / 4, "without the rule the moved flows follow the table ({kept} of {} kept)", flows.len());
+        }
+        for &(s, p) in &others {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&b, s, p));
+        }
+    }
+}
+
+/// A slot that changes owner twice (a backend added, then drained): flows from before each
+/// change keep their backends (most of the first ones own their slot again), and the slot
+/// stays unstable for the ones tracked elsewhere.
+#[test]
+fn root_a_slot_that_changes_twice_keeps_the_flows_of_both_owners() {
+    let (mut dp, a) = setup();
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let first = moving(&a, &b, 0, 30);
+    establish(&dp, &first);
+    settle(&mut dp);
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    // Flows that start on the same slots under b's owners.
+    let slots: std::collections::HashSet<u32> = first.iter().map(|&(s, p)| slot_of(&dp, s, p)).collect();
+    let second: Vec<(Ipv4Addr, u16)> = moving(&a, &b, 30, 5000).into_iter().filter(|&(s, p)| slots.contains(&slot_of(&dp, s, p))).take(20).collect();
+    assert!(second.len() >= 5, "flows of b on the changed slots");
+    establish(&dp, &second);
+    // The new backend drained: its slots go back (most to the first flows' backends), and
+    // it lives on for its flows.
+    let c = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, {address: 10.99.0.14, state: drain}]", 1));
+    dp.apply(&c).expect("apply");
+    let back = first.iter().filter(|&&(s, p)| table_says(&c, s, p) == table_says(&a, s, p)).count();
+    assert!(back * 2 > first.len(), "most of the first flows' slots have their first owner again ({back})");
+    settle(&mut dp);
+    for &(s, p) in &second {
+        assert!(dp.is_unstable(slot_of(&dp, s, p)), "held by the flows tracked to b's owner");
+    }
+    for _ in 0..8 {
+        for &(s, p) in &first {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p), "the first flows");
+        }
+        for &(s, p) in &second {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&b, s, p), "the second flows");
+        }
+    }
+}
+
+/// Once the flows tracked elsewhere are gone (reset, then past the reset's life), the slot is
+/// stable again and its packets go by the table without a lookup.
+#[test]
+fn root_a_slot_becomes_stable_again_once_its_moved_flows_are_gone() {
+    let (mut dp, a) = setup();
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let flows = moving(&a, &b, 0, 20);
+    establish(&dp, &flows);
+    settle(&mut dp);
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    let held = dp.unstable_slots();
+    assert!(held > 0);
+    for &(s, p) in &flows {
+        assert_eq!(tcp(&dp, s, p, RST | ACK), table_says(&a, s, p));
+    }
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), held, "an RST leaves the entry a few seconds");
+    // LB_CT_RESET_TICKS: about 4 s.
+    std::thread::sleep(Duration::from_millis(4400));
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0, "no flow tracked elsewhere is left");
+    let stable = ct(&dp, lb_stat::LB_CT_STABLE);
+    for &(s, p) in &flows {
+        assert_eq!(tcp(&dp, s, p, SYN), table_says(&b, s, p), "a new connection on the same ports");
+        for _ in 0..8 {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&b, s, p));
+        }
+    }
+    assert!(ct(&dp, lb_stat::LB_CT_STABLE) - stable >= 100, "sent by the table again");
+}
+
+/// A drained backend's slots change owner: its tracked flows stay on it (their slots unstable),
+/// and new flows go elsewhere.
+#[test]
+fn root_a_drained_backend_keeps_its_flows_across_stable_slots() {
+    let (mut dp, a) = setup();
+    let drained = pool(&A.replacen(THREE, "[10.99.0.11, {address: 10.99.0.12, state: drain}, 10.99.0.13]", 1));
+    let flows = moving(&a, &drained, 0, 60);
+    let (tracked, new) = flows.split_at(30);
+    establish(&dp, tracked);
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0);
+    dp.apply(&drained).expect("apply");
+    settle(&mut dp);
+    for _ in 0..8 {
+        for &(s, p) in tracked {
+            assert_eq!(tcp(&dp, s, p, ACK), ip("10.99.0.12"), "a draining backend keeps its flows");
+        }
+    }
+    for &(s, p) in new {
+        assert_eq!(tcp(&dp, s, p, SYN), table_says(&drained, s, p));
+        assert_ne!(table_says(&drained, s, p), ip("10.99.0.12"));
+    }
+}
+
+/// A table that changes size is placed in a new range, where every flow hashes to another
+/// slot: an entry's record from the old range says nothing, so every slot stays unstable until
+/// the entries are written again (a packet a refresh interval later) or expire. With the rule
+/// off, flows whose new slot has another owner move.
+#[test]
+fn root_a_resized_table_is_looked_up_until_its_flows_are_seen_again() {
+    let (mut dp, a) = setup();
+    let b = pool(&A.replacen(THREE, &format!("{THREE}\n    slots: 1009"), 1));
+    let flows = moving(&a, &b, 0, 30);
+    let others = staying(&a, &b, 0, 30);
+    establish(&dp, &flows);
+    establish(&dp, &others);
+    settle(&mut dp);
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    let web = dp.installed().iter().find(|s| s.name == "web").expect("web").clone();
+    assert_eq!(web.slots, 1009);
+    let unstable = (web.base..web.base + web.slots).filter(|&i| dp.is_unstable(i)).count();
+    assert_eq!(unstable, 1009, "entries from before the move hold every slot of the new range");
+    // A refresh interval later, one packet each rewrites every entry and its record.
+    std::thread::sleep(Duration::from_millis(1200));
+    for &(s, p) in flows.iter().chain(&others) {
+        assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p));
+    }
+    settle(&mut dp);
+    for &(s, p) in &flows {
+        assert!(dp.is_unstable(slot_of(&dp, s, p)), "held by its own flow");
+    }
+    let held: std::collections::HashSet<u32> = flows.iter().map(|&(s, p)| slot_of(&dp, s, p)).collect();
+    assert_eq!(dp.unstable_slots(), held.len(), "the rest became stable");
+    for _ in 0..8 {
+        for &(s, p) in &flows {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p), "moved flows keep their backends");
+        }
+    }
+}
+
+/// On a stable slot, the sampled packets do what every packet did: a flow's entry is made from
+/// its half-open record, confirmed, and kept fresh, so it is there when the slot changes.
+#[test]
+fn root_sampled_packets_make_and_keep_entries_on_stable_slots() {
+    let (mut dp, a) = setup();
+    dp.set_conntrack_timeouts(Duration::from_secs(3), Duration::from_secs(30)).expect("timeouts");
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0);
+    let flows = moving(&a, &b, 0, 20);
+    let new = ct(&dp, lb_stat::LB_CT_NEW);
+    // Handshakes on stable slots, then a steady trickle for longer than the timeout.
+    for &(s, p) in &flows {
+        tcp(&dp, s, p, SYN);
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        for &(s, p) in &flows {
+            for _ in 0..16 {
+                assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(ct(&dp, lb_stat::LB_CT_NEW) - new, 20, "each flow's entry made by a sampled packet");
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    for &(s, p) in &flows {
+        assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p), "alive past the 3 s timeout: kept fresh");
+    }
+}
