@@ -262,6 +262,10 @@ fn main() -> anyhow::Result<()> {
     for &w in &a.flows {
         // Fresh data planes for each working set, so that each flow table holds W flows.
         let (mut l2, mut ipip) = (load()?, load()?);
+        // Flows begin a while after their tables are placed, as in service: an entry written
+        // within moments of its range's placement counts as older than it (src/stable.rs,
+        // PLACED_MARGIN), and would hold every slot until its flow is seen again.
+        std::thread::sleep(Duration::from_millis(200));
         // The working set's entries, for both tracked services.
         let mut f80 = template(80);
         let mut f82 = template(82);

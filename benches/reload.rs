@@ -105,6 +105,7 @@ fn scrape(text: &str, runs: usize) -> anyhow::Result<()> {
             hash: "client-ip".into(),
             forward: "l2".into(),
             slots: s.slots,
+            unstable_slots: 0,
             backends: live
                 .backends
                 .iter()

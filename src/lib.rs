@@ -2,7 +2,7 @@
 //!
 //! Almost everything here is pure: the pool configuration ([`config`]), the table builders that
 //! compile a backend pool into a fixed destination table ([`table`]), the comparison of two pools
-//! ([`diff`]), the reload planner ([`plan`]), the flow hash ([`flowhash`]), counters ([`stats`]) and the text and JSON that the
+//! ([`diff`]), the reload planner ([`plan`]), the flow hash ([`flowhash`]), the rule that makes a changed slot stable again ([`stable`]), counters ([`stats`]) and the text and JSON that the
 //! commands print ([`report`]). None of it needs root, a kernel or libbpf, so every rule of the
 //! design can be tested anywhere. The one exception is [`dataplane`], the only module that talks
 //! to the kernel (BPF maps and programs, links, netlink); nothing in the pure modules uses it, and

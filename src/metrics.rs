@@ -33,6 +33,8 @@ pub struct ServiceModel {
     pub hash: String,
     pub forward: String,
     pub slots: u32,
+    /// Slots marked unstable now (src/stable.rs): their established flows are looked up.
+    pub unstable_slots: u32,
     pub backends: Vec<BackendModel>,
 }
 
@@ -184,7 +186,15 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
         l.extend([("port", s.port.to_string()), ("protocol", s.protocol.clone()), ("algorithm", s.algorithm.clone()), ("hash", s.hash.clone()), ("forward", s.forward.clone())]);
         (l, ConstGauge::new(s.slots as i64))
     });
-    family(encoder, "lb_service_slots", "Each service's destination-table size, with its settings as labels", MetricType::Gauge, services)
+    family(encoder, "lb_service_slots", "Each service's destination-table size, with its settings as labels", MetricType::Gauge, services)?;
+    let unstable = model.services.iter().map(|s| (s.labels(), ConstGauge::new(s.unstable_slots as i64)));
+    family(
+        encoder,
+        "lb_service_unstable_slots",
+        "Slots of the service's table marked unstable since they changed owner: their established flows are looked up in the flow table until no flow tracked elsewhere hashes there",
+        MetricType::Gauge,
+        unstable,
+    )
 }
 
 /// Escapes text for HTML (element content and quoted attribute values).
@@ -326,6 +336,7 @@ mod tests {
                 hash: "flow".into(),
                 forward: "l2".into(),
                 slots: 100,
+                unstable_slots: 3,
                 backends: vec![
                     BackendModel {
                         id: 1,
@@ -421,6 +432,7 @@ mod tests {
             "lb_backend_draining{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 1",
             "lb_backend_mac_resolved{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 1",
             "lb_service_slots{service=\"web\",vip=\"10.0.0.100\",port=\"80\",protocol=\"tcp\",algorithm=\"ring\",hash=\"flow\",forward=\"l2\"} 100",
+            "lb_service_unstable_slots{service=\"web\",vip=\"10.0.0.100\"} 3",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }

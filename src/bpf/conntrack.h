@@ -260,32 +260,71 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	return id;
 }
 
-/* The backend id for a packet of `svc` whose flow hash is p->hash, or 0. A TCP packet without
- * SYN or RST whose slot is stable (lb.h, enum lb_slot_bits) goes by the table: an entry of its
- * flow, if any, names the slot's owner, since the sweep marks a slot stable only once no entry
- * naming another backend can hash to it. That skips the flow-table lookup, a cache miss in a
- * table of many flows; one such packet in 2^LB_SLOT_SAMPLE_SHIFT takes the whole path anyway,
- * which makes, confirms and refreshes the flow's entry for the day its slot changes. Every
- * other packet (a SYN, an RST, UDP, a packet on an unstable slot) calls ct_choose(). */
+/* Each CPU's state of the stable path's sampler (xorshift32): the kernel's bpf_get_prandom_u32()
+ * measured about 70 ns a call here, more than the lookup it lets a packet skip. Never pinned:
+ * a new program starts its own sequence. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} ct_sampler SEC(".maps");
+
+/* Whether this packet is one of the 1 in 2^LB_SLOT_SAMPLE_SHIFT (at random) that takes the whole
+ * tracked path on a stable slot. */
+static __always_inline int ct_sampled(void)
+{
+	__u32 zero = 0, x, *state = bpf_map_lookup_elem(&ct_sampler, &zero);
+
+	if (!state)
+		return 1;
+	x = *state ? *state : 0x9e3779b9;
+	x ^= x << 13;
+	x ^= x >> 17;
+	x ^= x << 5;
+	*state = x;
+	return (x >> 7 & ((1u << LB_SLOT_SAMPLE_SHIFT) - 1)) == 0;
+}
+
+/* Slot `slot`'s word in table_slots (a backend id and lb.h's enum lb_slot_bits), or 0 when there
+ * is none. */
+static __always_inline __u32 slot_word(__u32 slot)
+{
+	__u32 half = slot >> 1;
+	struct lb_slot_pair *pair = bpf_map_lookup_elem(&table_slots, &half);
+
+	return pair ? pair->id[slot & 1] : 0;
+}
+
+/* A tracked service's packet that needs no flow-table lookup: a TCP packet without SYN or RST
+ * whose slot is stable (lb.h, enum lb_slot_bits) goes by the table, since the sweep marks a
+ * slot stable only once no entry naming another backend can hash to it: an entry of its flow,
+ * if any, names the slot's owner. That skips the lookup (a cache miss in a table of many flows)
+ * and the flow's keyed tag. One such packet in 2^LB_SLOT_SAMPLE_SHIFT takes the whole path
+ * anyway, which makes, confirms and refreshes the flow's entry for the day its slot changes.
+ * Returns the backend id, or 0: take the whole path (tracked()). */
+static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_service *svc, __u8 proto, __u8 tcp_flags)
+{
+	__u32 word;
+
+	if (proto != IPPROTO_TCP || (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST)) || svc->slots == 0)
+		return 0;
+	word = slot_word(svc->base + p->hash % svc->slots);
+	if ((word & LB_SLOT_UNSTABLE) || !(word & LB_SLOT_ID_MASK) || ct_sampled())
+		return 0;
+	count(LB_CT_STABLE, 0);
+	return word & LB_SLOT_ID_MASK;
+}
+
+/* ct_choose() for a packet of `svc` whose flow hash is p->hash and keyed tag `tag`: the
+ * backend id, or 0. A packet in mid-connection may be adopted to the slot's first hop only
+ * where the slot is unstable: a stable slot's flows all go where the table says. */
 static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
 {
 	__u32 hop = 0;
 
-	if (proto == IPPROTO_TCP && !(tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST)) && svc->slots) {
-		__u32 slot = svc->base + p->hash % svc->slots, half = slot >> 1;
-		struct lb_slot_pair *pair = bpf_map_lookup_elem(&table_slots, &half);
-		__u32 word = pair ? pair->id[slot & 1] : 0;
-
-		if (!(word & LB_SLOT_UNSTABLE) && (word & LB_SLOT_ID_MASK) &&
-		    (bpf_get_prandom_u32() & ((1u << LB_SLOT_SAMPLE_SHIFT) - 1))) {
-			count(LB_CT_STABLE, 0);
-			return word & LB_SLOT_ID_MASK;
-		}
-		/* Adopted to the slot's previous owner only where the slot is unstable: a stable
-		 * slot's flows all go where the table says. */
-		if (word & LB_SLOT_UNSTABLE)
-			hop = adopt_hop(svc, p->hash);
-	}
+	if (!(tcp_flags & TCP_FLAG_SYN) && svc->slots && (slot_word(svc->base + p->hash % svc->slots) & LB_SLOT_UNSTABLE))
+		hop = adopt_hop(svc, p->hash);
 	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
 }
 

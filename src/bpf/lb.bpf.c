@@ -231,8 +231,11 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	l[0] = (__u64)iph->saddr | (__u64)iph->daddr << 32;
 	l[1] = (__u64)ports | (__u64)iph->protocol << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : hash16(l[0], l[1]);
-	if (svc->flags & LB_SVC_CONNTRACK)
-		return to_backend(p, svc, tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags));
+	if (svc->flags & LB_SVC_CONNTRACK) {
+		__u32 id = by_stable_slot(p, svc, iph->protocol, tcp_flags);
+
+		return to_backend(p, svc, id ? id : tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags));
+	}
 	return forward(p, svc);
 }
 
@@ -311,8 +314,11 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	}
 	l[4] = (__u64)ports | (__u64)nh << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
-	if (svc->flags & LB_SVC_CONNTRACK)
-		return to_backend(p, svc, tracked(p, svc, flow_tag40(l), nh, tcp_flags));
+	if (svc->flags & LB_SVC_CONNTRACK) {
+		__u32 id = by_stable_slot(p, svc, nh, tcp_flags);
+
+		return to_backend(p, svc, id ? id : tracked(p, svc, flow_tag40(l), nh, tcp_flags));
+	}
 	return forward(p, svc);
 }
 

@@ -296,6 +296,7 @@ impl Publisher {
                 hash: conf.hash.as_str().to_string(),
                 forward: conf.forward.as_str().to_string(),
                 slots: live.slots,
+                unstable_slots: (live.base..live.base + live.slots).filter(|&i| dp.is_unstable(i)).count() as u32,
                 backends,
             });
         }

@@ -84,8 +84,11 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         if now >= next_sweep {
             next_sweep = now + SWEEP_INTERVAL;
             // A sweep that fails leaves slots unstable, which costs lookups, never a flow.
-            if let Err(e) = d.dp.sweep() {
-                crate::log::log(format!("lb: sweeping unstable slots: {e:#}"));
+            match d.dp.sweep() {
+                Ok(0) => {}
+                // The metrics' count of unstable slots follows.
+                Ok(_) => d.publish(),
+                Err(e) => crate::log::log(format!("lb: sweeping unstable slots: {e:#}")),
             }
         }
         if now >= next_recheck {

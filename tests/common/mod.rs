@@ -339,7 +339,8 @@ impl Live {
                 pair = self.map("table_slots").lookup(&pair_at.to_ne_bytes(), MapFlags::ANY).expect("lookup").expect("in range");
             }
             let at = (s % 2) as usize * 4;
-            let id = u32::from_ne_bytes(pair[at..at + 4].try_into().expect("u32"));
+            // A slot's word: the backend id, and its state bits above (lb.h, lb_slot_bits).
+            let id = u32::from_ne_bytes(pair[at..at + 4].try_into().expect("u32")) & lb::dataplane::types::lb_slot_bits::LB_SLOT_ID_MASK.0;
             let mac = *macs.entry(id).or_insert_with(|| {
                 let rec = self.map("backends").lookup(&id.to_ne_bytes(), MapFlags::ANY).expect("lookup").expect("record");
                 (id != 0 && rec[6] & 1 == 1).then(|| rec[..6].try_into().expect("mac"))
