@@ -48,9 +48,10 @@ static __always_inline const struct lb_service *find_route(const __u32 a[4], __u
 	r = bpf_map_lookup_elem(&routes, id);
 	if (!r)
 		return NULL;
-	/* The one route with this index: is it this packet's key? */
-	if (r->key.addr[0] != a[0] || r->key.addr[1] != a[1] || r->key.addr[2] != a[2] ||
-	    r->key.addr[3] != a[3] || *(const __u32 *)&r->key.port != tail)
+	/* The one route with this index: is it this packet's key? One branch for the five words,
+	 * not one each. */
+	if ((r->key.addr[0] ^ a[0]) | (r->key.addr[1] ^ a[1]) | (r->key.addr[2] ^ a[2]) | (r->key.addr[3] ^ a[3]) |
+	    (*(const __u32 *)&r->key.port ^ tail))
 		return NULL;
 	return r;
 }
