@@ -48,9 +48,10 @@ static __always_inline const struct lb_service *find_route(const __u32 a[4], __u
 	r = bpf_map_lookup_elem(&routes, id);
 	if (!r)
 		return NULL;
-	/* The one route with this index: is it this packet's key? */
-	if (r->key.addr[0] != a[0] || r->key.addr[1] != a[1] || r->key.addr[2] != a[2] ||
-	    r->key.addr[3] != a[3] || *(const __u32 *)&r->key.port != tail)
+	/* The one route with this index: is it this packet's key? One branch for the five words,
+	 * not one each. */
+	if ((r->key.addr[0] ^ a[0]) | (r->key.addr[1] ^ a[1]) | (r->key.addr[2] ^ a[2]) | (r->key.addr[3] ^ a[3]) |
+	    (*(const __u32 *)&r->key.port ^ tail))
 		return NULL;
 	return r;
 }
@@ -96,6 +97,15 @@ static __always_inline __u32 pick(const struct lb_service *svc, __u32 hash)
 	return pick_in(svc->base, svc->slots, hash);
 }
 
+/* Copies a MAC address in two stores (4 and 2 bytes) rather than six: `src` is a MAC in a map
+ * value or .bss, `dst` in the frame (x86 has no alignment requirement, and the verifier checks
+ * none for packet access without BPF_F_STRICT_ALIGNMENT). */
+static __always_inline void mac_copy(__u8 *dst, const __u8 *src)
+{
+	*(__u32 *)dst = *(const __u32 *)src;
+	*(__u16 *)(dst + 4) = *(const __u16 *)(src + 4);
+}
+
 /* Sends the packet to backend `id` in the service's forwarding mode. */
 static __always_inline int send(struct pkt *p, const struct lb_service *svc, __u32 id)
 {
@@ -108,8 +118,8 @@ static __always_inline int send(struct pkt *p, const struct lb_service *svc, __u
 	if (svc->forward != LB_FWD_L2) {
 		act = encap(p, svc, id, be);
 	} else {
-		__builtin_memcpy(p->eth->h_dest, be->mac, 6);
-		__builtin_memcpy(p->eth->h_source, lb_settings.ifmac, 6);
+		mac_copy(p->eth->h_dest, be->mac);
+		mac_copy(p->eth->h_source, lb_settings.ifmac);
 		/* Forwarded packets are counted per backend only; their total is the sum. */
 		add_traffic(id, p->bytes);
 		p->sent = 1;
