@@ -39,9 +39,14 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
 
+/// A tracked plane of the conntrack pool, a moment after its tables were placed (flows begin
+/// later than that in service; an entry written within PLACED_MARGIN of its range's placement
+/// counts as older than it, src/stable.rs).
 fn setup() -> (Balancer, Pool) {
     let p = pool(A);
-    (common::tracked_plane(&p, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true, mac), p)
+    let dp = common::tracked_plane(&p, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true, mac);
+    std::thread::sleep(Duration::from_millis(120));
+    (dp, p)
 }
 
 fn hash(src: Ipv4Addr, sport: u16) -> u32 {
@@ -100,8 +105,10 @@ fn establish(dp: &Balancer, flows: &[(Ipv4Addr, u16)]) {
     }
 }
 
-/// Sweeps until nothing more becomes stable.
+/// Sweeps until nothing more becomes stable, once a slot marked last is old enough to be judged
+/// (src/stable.rs, PLACED_MARGIN: about 67 ms), as the daemon's sweep each second does.
 fn settle(dp: &mut Balancer) {
+    std::thread::sleep(Duration::from_millis(120));
     while dp.sweep().expect("sweep") > 0 {}
 }
 
@@ -330,5 +337,135 @@ fn root_sampled_packets_make_and_keep_entries_on_stable_slots() {
     settle(&mut dp);
     for &(s, p) in &flows {
         assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p), "alive past the 3 s timeout: kept fresh");
+    }
+}
+
+/// Review finding: two services that swap their VIPs keep their names and ranges, so no slot is
+/// written; each range must still be marked unstable before its route changes, since other
+/// flows hash into it now. Flows tracked before the swap keep their backends.
+#[test]
+fn root_services_that_swap_vips_keep_their_tracked_flows() {
+    let two = "services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    hash: flow\n    backends: [10.99.0.11, 10.99.0.12]\n  - name: alt\n    vip: 10.99.0.101\n    port: 80\n    hash: flow\n    backends: [10.99.0.13, 10.99.0.14]\n";
+    let swapped = two.replace("10.99.0.100", "VIP_A").replace("10.99.0.101", "10.99.0.100").replace("VIP_A", "10.99.0.101");
+    let a = pool(two);
+    let mut dp = common::tracked_plane(&a, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true, mac);
+    std::thread::sleep(Duration::from_millis(200));
+    let flows: Vec<(Ipv4Addr, u16)> = (0..60u16).map(|i| (Ipv4Addr::new(198, 18, 0, 1 + (i % 50) as u8), 30_000 + i)).collect();
+    let to = |dp: &Balancer, s: Ipv4Addr, p: u16, flags: u8| {
+        let (action, out) = dp.test_run(&ipv4_simple(s, v4("10.99.0.101"), L4::Tcp { sport: p, dport: 80, flags })).expect("run");
+        assert_eq!(action, XDP_TX);
+        out[5]
+    };
+    let before: Vec<u8> = flows.iter().map(|&(s, p)| { to(&dp, s, p, SYN); to(&dp, s, p, ACK) }).collect();
+    assert!(before.iter().all(|&b| b == 13 || b == 14), "alt's backends");
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0);
+    dp.apply(&pool(&swapped)).expect("apply");
+    assert!(dp.unstable_slots() > 0, "both ranges marked");
+    settle(&mut dp);
+    for _ in 0..8 {
+        let now: Vec<u8> = flows.iter().map(|&(s, p)| to(&dp, s, p, ACK)).collect();
+        assert_eq!(now, before, "tracked flows to 10.99.0.101 keep alt's backends after the swap");
+    }
+    // A new connection to 10.99.0.101 now goes to web's backends.
+    assert!([11, 12].contains(&to(&dp, Ipv4Addr::new(198, 18, 1, 1), 40_000, SYN)));
+}
+
+/// Review finding: a hash-mode change keeps the range and writes no slot (the owners are the
+/// same), but moves every flow to another slot: the range is marked before the route changes.
+#[test]
+fn root_a_hash_change_keeps_tracked_flows() {
+    let (mut dp, a) = setup();
+    let flows = staying(&a, &a, 0, 80);
+    establish(&dp, &flows);
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0);
+    let b = pool(&A.replacen("    hash: flow\n", "    hash: client-ip\n", 1));
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    for _ in 0..8 {
+        for &(s, p) in &flows {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p), "{s}:{p} keeps its backend");
+        }
+    }
+}
+
+/// Review finding: an RST on a stable slot (spoofed, say) goes by the table and leaves the
+/// entry alone; before, it set the entry's reset, which the flow's later packets (by the
+/// table) never cleared, and the entry died with it: a later change then moved the flow.
+#[test]
+fn root_an_rst_on_a_stable_slot_does_not_end_the_entry() {
+    let (mut dp, a) = setup();
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let flows = moving(&a, &b, 0, 40);
+    establish(&dp, &flows);
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0);
+    for &(s, p) in &flows {
+        assert_eq!(tcp(&dp, s, p, RST | ACK), table_says(&a, s, p));
+    }
+    // Past an RST's life (about 4 s), the flows still sending now and then.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(1500));
+        for &(s, p) in &flows {
+            tcp(&dp, s, p, ACK);
+        }
+    }
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    for &(s, p) in &flows {
+        assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p), "{s}:{p} kept its entry through the RST");
+    }
+}
+
+/// Review finding: upgrading a plane from before stable slots (no flow records pinned) must not
+/// write marks into the table words while that plane's program, which reads them as backend
+/// ids, is still attached: until the switch the new program counts every slot unstable, and the
+/// balancer marks them only once it is told the switch happened.
+#[test]
+fn root_an_upgrade_marks_the_words_only_after_the_switch() {
+    let (mut dp, a) = setup();
+    // Words as a version before stable slots wrote them: plain ids.
+    dp.mark_all_stable_unchecked();
+    let fs = Bpffs::new();
+    dp.pin_maps(&fs.0, None).expect("pin");
+    for name in ["flow_records", "pending_records"] {
+        std::fs::remove_file(fs.0.join(name)).expect("as a plane before stable slots pins");
+    }
+    let reuse = lb::dataplane::Reuse { dir: fs.0.clone(), same_layout: true, old_prog_id: dp.program_id().expect("id") };
+    let (mut next, _) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
+    assert!(next.unmarked());
+    next.adopt(&a).expect("adopt");
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    next.apply(&b).expect("apply");
+    let web = next.installed().iter().find(|s| s.name == "web").expect("web").clone();
+    let words = |dp: &Balancer| (web.base..web.base + web.slots).map(|i| dp.slot_word(i)).collect::<Vec<u32>>();
+    assert!(words(&next).iter().all(|w| w & 0x8000_0000 == 0), "no mark while the old program may read the words");
+    assert_eq!(next.unstable_slots() as u32, web.slots + a.services[1].slots, "every slot unstable, in the mirror");
+    // The fast path is off: a packet of a flow never seen is adopted through the whole path.
+    let (adopted, stable) = (ct(&next, lb_stat::LB_CT_ADOPTED), ct(&next, lb_stat::LB_CT_STABLE));
+    tcp(&next, Ipv4Addr::new(198, 18, 2, 1), 50_000, ACK);
+    assert_eq!((ct(&next, lb_stat::LB_CT_ADOPTED) - adopted, ct(&next, lb_stat::LB_CT_STABLE) - stable), (1, 0));
+    next.switched().expect("switched");
+    assert!(!next.unmarked());
+    assert!(words(&next).iter().all(|w| w & 0x8000_0000 != 0), "marked once the new program runs");
+}
+
+struct Bpffs(std::path::PathBuf);
+
+impl Bpffs {
+    fn new() -> Bpffs {
+        let d = std::path::PathBuf::from(format!("/run/lb-stable-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let fs = Bpffs(d);
+        common::sh(&["mount", "-t", "bpf", "bpf", fs.0.to_str().expect("utf-8")]);
+        fs
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
     }
 }

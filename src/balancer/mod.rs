@@ -135,6 +135,7 @@ impl Balancer {
         };
         let applied =
             Applied { touched: plan.touched.clone(), slots_written: plan.slots_written(), writes: plan.ops.len() };
+        self.marks.before(&self.dp, &self.state.services, &plan.state.services)?;
         for (i, op) in plan.ops.iter().enumerate() {
             if let Err(e) = self.dp.execute(op) {
                 // The maps hold part of this change, each part consistent. Remember that the
@@ -147,8 +148,8 @@ impl Balancer {
                 return Err(e.context(format!("applying the new tables (write {} of {})", i + 1, plan.ops.len())));
             }
         }
-        let old = std::mem::replace(&mut self.state, plan.state);
-        self.marks.after(&self.dp, &old.services, &self.state.services, &plan.ops)?;
+        self.state = plan.state;
+        self.marks.after(&self.dp, &self.state.services, &plan.ops)?;
         Ok(applied)
     }
 
@@ -236,6 +237,13 @@ impl Balancer {
     /// marked stable.
     pub fn sweep(&mut self) -> Result<usize> {
         self.marks.sweep(&self.dp, &self.state.services)
+    }
+
+    /// After this program replaced a pinned plane's older one (the pinned link now runs it):
+    /// a plane from before stable slots gets its marks in the table words only now, since its
+    /// program read the words as plain backend ids (see [`crate::dataplane::Dataplane::unmarked`]).
+    pub fn switched(&mut self) -> Result<()> {
+        self.marks.switched(&mut self.dp)
     }
 
     /// Marks every slot stable WITHOUT the sweep's check: tracked flows whose slot changed then

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::config::{Forward, HashMode};
 use crate::dataplane::{stable as marks, Dataplane};
-use crate::plan::{LiveService, Op};
+use crate::plan::{LiveService, Op, RouteKey};
 use crate::stable::{self, Entry};
 
 /// What an entry's RST leaves of its life at most (flow.h, LB_CT_RESET_TICKS).
@@ -25,11 +25,16 @@ pub(super) struct Marks {
     /// What is known of ranges placed before this controller (lb_meta's mark; None: nothing,
     /// then they count as placed when it took over).
     before: Option<u32>,
+    /// When a slot was last marked: no slot is made stable sooner than PLACED_MARGIN after it,
+    /// so that a packet that read a slot's old owner and wrote its entry a moment later has
+    /// written it before the sweep reads the tables.
+    last_marked: Option<u32>,
 }
 
-/// What of a service decides where its flows hash: a change of any moves them all.
-fn placement(s: &LiveService) -> (u32, u32, HashMode) {
-    (s.base, s.slots, s.hash)
+/// What of a service decides which flows hash where in its range: a change of any moves them
+/// all (a key swapped with another service's keeps the range, and brings other flows).
+fn placement(s: &LiveService) -> (&RouteKey, u32, u32, HashMode) {
+    (&s.key, s.base, s.slots, s.hash)
 }
 
 impl Marks {
@@ -38,27 +43,42 @@ impl Marks {
     /// resized or rehashed has every slot unstable, marked here where its owner did not change,
     /// and its placement recorded; a second-chance slot whose first hop differs from its owner
     /// is unstable too (src/stable.rs, pinned()).
-    pub(super) fn after(&mut self, dp: &Dataplane, old: &[LiveService], new: &[LiveService], ops: &[Op]) -> Result<()> {
-        let now = marks::now_ticks()?;
+    pub(super) fn after(&mut self, dp: &Dataplane, new: &[LiveService], ops: &[Op]) -> Result<()> {
         self.note_written(ops);
-        let was: HashMap<&str, (u32, u32, HashMode)> = old.iter().map(|s| (s.name.as_str(), placement(s))).collect();
-        let mut moved = false;
-        for s in new {
-            if was.get(s.name.as_str()) != Some(&placement(s)) {
-                moved = true;
-                self.placed.insert(s.base, now);
-                self.mark(dp, s, |_| true);
-            }
-            if s.second_chance && s.forward == Forward::Gue {
-                self.mark(dp, s, |i| stable::pinned(s.owners[i], s.hops.get(i)));
-            }
-        }
-        if moved {
-            dp.set_placed_mark(now)?;
+        for s in new.iter().filter(|s| s.second_chance && s.forward == Forward::Gue) {
+            self.mark(dp, s, |i| stable::pinned(s.owners[i], s.hops.get(i)));
         }
         // Ranges no service holds any more: a later placement writes them anew.
         let bases: BTreeSet<u32> = new.iter().map(|s| s.base).collect();
         self.placed.retain(|b, _| bases.contains(b));
+        Ok(())
+    }
+
+    /// Before a change from `old` to `new` services is executed: each service placed anew,
+    /// resized, rehashed or given another key has its placement recorded now (here and in
+    /// lb_meta, before anything is written, so that a change that fails or a controller that
+    /// dies half way leaves it known), and one that keeps its range has that range marked
+    /// unstable before its route changes how flows hash into it. A new range is marked as
+    /// the plan writes it, before any route leads to it.
+    pub(super) fn before(&mut self, dp: &Dataplane, old: &[LiveService], new: &[LiveService]) -> Result<()> {
+        let now = marks::now_ticks()?;
+        let was: HashMap<&str, &LiveService> = old.iter().map(|s| (s.name.as_str(), s)).collect();
+        let mut placed = false;
+        for s in new {
+            let o = was.get(s.name.as_str()).copied();
+            if o.is_some_and(|o| placement(o) == placement(s)) {
+                continue;
+            }
+            placed = true;
+            self.placed.insert(s.base, now);
+            if let Some(o) = o.filter(|o| o.base == s.base && o.slots == s.slots) {
+                self.mark(dp, o, |_| true);
+            }
+        }
+        if placed {
+            dp.set_placed_mark(now)?;
+        }
+        self.last_marked = Some(now);
         Ok(())
     }
 
@@ -88,14 +108,23 @@ impl Marks {
     pub(super) fn adopt(&mut self, dp: &Dataplane, services: &[LiveService]) -> Result<()> {
         self.unstable.clear();
         self.placed.clear();
-        self.before = Some(match dp.placed_mark()? {
-            Some(t) => t,
-            None => marks::now_ticks()?,
-        });
+        let now = marks::now_ticks()?;
+        self.before = Some(dp.placed_mark()?.unwrap_or(now));
+        self.last_marked = Some(now);
         for s in services {
-            self.unstable.extend((s.base..s.base + s.slots).filter(|&i| dp.slot_word(i) & marks::UNSTABLE != 0));
+            if dp.unmarked() {
+                // A plane from before stable slots: every slot, marked once this program runs.
+                self.unstable.extend((s.base..s.base + s.slots).filter(|&i| dp.slot_word(i) & marks::ID_MASK != 0));
+            } else {
+                self.unstable.extend((s.base..s.base + s.slots).filter(|&i| dp.slot_word(i) & marks::UNSTABLE != 0));
+            }
         }
         Ok(())
+    }
+
+    /// Once the program has replaced an older one: the unstable slots are marked in the words.
+    pub(super) fn switched(&self, dp: &mut Dataplane) -> Result<()> {
+        dp.finish_marks(self.unstable.iter().copied())
     }
 
     /// Marks every unstable slot stable, unchecked (Balancer::mark_all_stable_unchecked).
@@ -118,7 +147,8 @@ impl Marks {
     /// Marks stable every unstable slot that the flow tables allow (src/stable.rs), and forgets
     /// those no service holds. Returns how many became stable.
     pub(super) fn sweep(&mut self, dp: &Dataplane, services: &[LiveService]) -> Result<usize> {
-        if self.unstable.is_empty() {
+        let now = marks::now_ticks()?;
+        if self.unstable.is_empty() || dp.unmarked() || self.last_marked.is_some_and(|t| (now.wrapping_sub(t) as i32) < stable::PLACED_MARGIN as i32) {
             return Ok(0);
         }
         let mut ranges: Vec<&LiveService> = services.iter().collect();
@@ -141,7 +171,6 @@ impl Marks {
         if judged.is_empty() {
             return Ok(0);
         }
-        let now = marks::now_ticks()?;
         let (tcp, udp) = dp.conntrack_timeouts_ms();
         let (tcp, udp) = (stable::ticks(tcp), stable::ticks(udp));
         let mut entries = Vec::new();

@@ -66,8 +66,11 @@ static __always_inline void refresh(struct lb_flow *e, __u32 at, struct flow_wor
 	} else {
 		return;
 	}
-	if (__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f)) == w)
-		flow_note(&flow_records, at, rec);
+	/* The record first: a sweep that reads the new `seen` must find the record written with
+	 * it (if the swap is lost to another flow's writer, that flow's tag differs from the
+	 * record's, which the sweep takes for unknown). */
+	flow_note(&flow_records, at, rec);
+	__sync_val_compare_and_swap(flow_word_of(e), w, flow_repack(&f));
 }
 
 /* The record (flow.h, flow_record()) of a flow with tag `tag` whose entry of the destination
@@ -213,9 +216,10 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 					count(LB_CT_NO_ROOM, 0);
 					if (stale)
 						flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
-					else if (((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout)) &&
-						 __sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now)) == w)
+					else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout)) {
 						flow_note(&pending_records, at, ct_rec(tag, slot, slots));
+						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
+					}
 				}
 			} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
 				/* An RST shortens a half-open record's life as it does an
@@ -270,6 +274,17 @@ struct {
 	__type(value, __u32);
 } ct_sampler SEC(".maps");
 
+/* Each CPU's recent SYNs on the stable path, by flow hash (| 1; 0: none), so that a flow's next
+ * packet takes the whole path and makes its entry. Direct-mapped: a later SYN with the same low
+ * bits takes the place, and that flow's entry is then made by a sampled packet. Never pinned. */
+#define LB_CT_YOUNG 4096
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_CT_YOUNG);
+	__type(key, __u32);
+	__type(value, __u32);
+} ct_young SEC(".maps");
+
 /* Whether this packet is one of the 1 in 2^LB_SLOT_SAMPLE_SHIFT (at random) that takes the whole
  * tracked path on a stable slot. */
 static __always_inline int ct_sampled(void)
@@ -296,21 +311,41 @@ static __always_inline __u32 slot_word(__u32 slot)
 	return pair ? pair->id[slot & 1] : 0;
 }
 
-/* A tracked service's packet that needs no flow-table lookup: a TCP packet without SYN or RST
+/* A tracked service's packet that needs no flow-table lookup: a TCP packet other than a pure SYN
  * whose slot is stable (lb.h, enum lb_slot_bits) goes by the table, since the sweep marks a
  * slot stable only once no entry naming another backend can hash to it: an entry of its flow,
  * if any, names the slot's owner. That skips the lookup (a cache miss in a table of many flows)
- * and the flow's keyed tag. One such packet in 2^LB_SLOT_SAMPLE_SHIFT takes the whole path
- * anyway, which makes, confirms and refreshes the flow's entry for the day its slot changes.
- * Returns the backend id, or 0: take the whole path (tracked()). */
+ * and the flow's keyed tag. The packet after a flow's SYN, and one other packet in
+ * 2^LB_SLOT_SAMPLE_SHIFT, take the whole path anyway, which makes, confirms and refreshes the
+ * flow's entry for the day its slot changes. Returns the backend id, or 0: take the whole
+ * path (tracked()). */
 static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_service *svc, __u8 proto, __u8 tcp_flags)
 {
-	__u32 word;
+	__u32 word, *young, at;
 
-	if (proto != IPPROTO_TCP || (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST)) || svc->slots == 0)
+	if (proto != IPPROTO_TCP || svc->slots == 0 || lb_settings.stable_off)
 		return 0;
+	at = p->hash & (LB_CT_YOUNG - 1);
+	young = bpf_map_lookup_elem(&ct_young, &at);
+	/* A pure SYN takes the whole path, and leaves its flow's hash here so that the flow's
+	 * next packet (the handshake's ACK, on this CPU as RSS keeps it) does too: it makes the
+	 * flow's entry from its half-open record, as before stable slots. */
+	if ((tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		if (young)
+			*young = p->hash | 1;
+		return 0;
+	}
+	if (young && *young == (p->hash | 1)) {
+		*young = 0;
+		return 0;
+	}
 	word = slot_word(svc->base + p->hash % svc->slots);
-	if ((word & LB_SLOT_UNSTABLE) || !(word & LB_SLOT_ID_MASK) || ct_sampled())
+	if ((word & LB_SLOT_UNSTABLE) || !(word & LB_SLOT_ID_MASK))
+		return 0;
+	/* An RST here goes by the table and leaves the entry alone: an entry of a stable slot names
+	 * the slot's owner, so its reset could only shorten its life, and the flow's later
+	 * packets, which go by the table, could not clear a spoofed one. */
+	if (!(tcp_flags & TCP_FLAG_RST) && ct_sampled())
 		return 0;
 	count(LB_CT_STABLE, 0);
 	return word & LB_SLOT_ID_MASK;

@@ -283,6 +283,9 @@ struct lb_config {
 	__u32 ct_pending_mask; /* buckets of `flow_pending` - 1 */
 	__u32 ct_guard;        /* 1: a flow is tracked from its second packet, through flow_pending;
 				* 0: from its first (a SYN flood can then wash out established flows) */
+	__u32 stable_off;      /* 1: every slot counts as unstable (lb_slot_bits), whatever its word
+				* says: while the table words of a plane from before stable slots,
+				* shared with its still attached program, cannot carry the marks yet */
 };
 
 /* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason.

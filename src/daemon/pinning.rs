@@ -150,6 +150,7 @@ pub(super) fn adopt(
         switch()?;
         0
     };
+    dp.switched()?;
     if !fresh.is_empty() {
         dp.pin_maps(&p.dir, Some(fresh))?;
     }

@@ -65,6 +65,8 @@ pub struct Dataplane {
     via: HashMap<IpAddr, IpAddr>,
     /// Each backend id's generation (see lb.h, struct lb_flow).
     gens: HashMap<u32, u32>,
+    /// The table words may not carry unstable marks yet (src/dataplane/stable.rs).
+    unmarked: bool,
 }
 
 /// Flow-table entries by default (`--conntrack-size`): 262,144, 4 MiB of kernel memory (and
@@ -145,14 +147,17 @@ impl Dataplane {
         );
         let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
         let flow_maps = stable::FlowMaps::new(&skel)?;
-        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new() };
+        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false };
         // A plane from before stable slots: its table words carry no unstable bit, and its
-        // entries no record, so nothing says which slots changed under which flows. Every slot
-        // is unstable until a sweep finds otherwise (src/stable.rs).
+        // entries no record, so nothing says which slots changed under which flows: every slot
+        // is unstable until a sweep finds otherwise (src/stable.rs). Its program, still attached,
+        // reads the same words as backend ids, so no mark may be written until this program
+        // has replaced it: until then this program counts every slot as unstable
+        // (lb_config.stable_off), and the balancer marks them once it has switched.
         if reuse.is_some_and(|r| !r.dir.join("flow_records").exists() || fresh.contains(&"flow_records")) {
-            let all: Vec<(u32, u32)> = (0..capacity).map(|i| (i, dp.slots.read(i))).filter(|&(_, w)| w & stable::ID_MASK != 0).collect();
-            dp.slots.write_marked(&all, stable::UNSTABLE)?;
+            dp.set_stable_off(true)?;
         }
+        dp.unmarked = dp.stable_off()?;
         if reuse.is_none() || fresh.contains(&"bss") {
             dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
             dp.set_conntrack_guard(true)?;

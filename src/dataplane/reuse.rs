@@ -426,7 +426,9 @@ impl Dataplane {
     pub fn placed_mark(&self) -> Result<Option<u32>> {
         let v = self.skel.maps.lb_meta.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
         let meta: types::lb_meta = value_of(&v);
-        Ok((meta.magic == LB_META_MAGIC && meta.reserved[1] != 0).then(|| (meta.reserved[1] - 1) as u32))
+        // Without the magic too: a fresh plane's lb_meta is written whole only when it is
+        // pinned, after its first tables.
+        Ok((meta.reserved[1] != 0).then(|| (meta.reserved[1] - 1) as u32))
     }
 
     /// Records that a table range was placed or rehashed at `tick`.

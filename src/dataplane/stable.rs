@@ -2,9 +2,10 @@
 //! cleared through the table's memory mapping, and the flow tables' entries with their records,
 //! read through theirs for the sweep. The verdict is the balancer's; this only reads and writes.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use libbpf_rs::MapCore;
 
+use super::encode::{bytes_of, value_of};
 use super::mapped::{FlowSlots, Words};
 use super::{types, Dataplane};
 
@@ -102,9 +103,65 @@ impl Dataplane {
         self.slots.read(i)
     }
 
-    /// Marks table entry `i` unstable, whatever owner it holds (one atomic or).
+    /// Marks table entry `i` unstable, whatever owner it holds (one atomic or); nothing while
+    /// the words may not carry marks (the program then counts every slot unstable).
     pub(crate) fn mark_unstable(&self, i: u32) {
-        self.slots.set_bits(i, UNSTABLE);
+        if !self.unmarked {
+            self.slots.set_bits(i, UNSTABLE);
+        }
+    }
+
+    /// The mark a slot written now gets: none while the words may not carry marks.
+    pub(super) fn write_mark(&self) -> u32 {
+        if self.unmarked {
+            0
+        } else {
+            UNSTABLE
+        }
+    }
+
+    /// Whether the table words may not carry marks yet: the plane came from a version before
+    /// stable slots, whose program may still read them (lb_config.stable_off).
+    pub fn unmarked(&self) -> bool {
+        self.unmarked
+    }
+
+    /// Once this program has replaced the one that read the words as plain ids: marks the
+    /// entries `unstable` in the words, then lets the program trust the words.
+    pub(crate) fn finish_marks(&mut self, unstable: impl Iterator<Item = u32>) -> Result<()> {
+        if !self.unmarked {
+            return Ok(());
+        }
+        for i in unstable {
+            self.slots.set_bits(i, UNSTABLE);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.set_stable_off(false)?;
+        self.unmarked = false;
+        Ok(())
+    }
+
+    /// Writes lb_config.stable_off through the map itself: the skeleton's mapping of .bss is
+    /// not the map's memory when the map was reused from a pin (found by the upgrade test).
+    pub(super) fn set_stable_off(&mut self, on: bool) -> Result<()> {
+        let m = &self.skel.maps.bss;
+        let mut v = m.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.context("the program's .bss has no value")?;
+        let mut c: types::lb_config = value_of(&v);
+        c.stable_off = on as u32;
+        let n = std::mem::size_of::<types::lb_config>();
+        anyhow::ensure!(v.len() >= n, "the program's .bss is smaller than its settings");
+        v[..n].copy_from_slice(bytes_of(&c));
+        m.update(&0u32.to_ne_bytes(), &v, libbpf_rs::MapFlags::ANY)?;
+        if let Some(b) = self.skel.maps.bss_data.as_deref_mut() {
+            b.lb_settings.stable_off = on as u32;
+        }
+        Ok(())
+    }
+
+    /// lb_config.stable_off as the map holds it.
+    pub(super) fn stable_off(&self) -> Result<bool> {
+        let v = self.skel.maps.bss.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.context("the program's .bss has no value")?;
+        Ok(value_of::<types::lb_config>(&v).stable_off != 0)
     }
 
     /// Marks entry `i` stable if it still holds `owner`, unstable; whether it did.

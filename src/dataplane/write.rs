@@ -48,12 +48,14 @@ impl Dataplane {
             plan::Op::ResetCounters { id } => {
                 let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
                 maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
-                let gen = self.gens.entry(*id).or_insert(0);
-                *gen = gen.wrapping_add(1);
+                // The mirror follows the map only once the map has it: the sweep of stable
+                // slots judges entries by it.
+                let gen = self.gens.get(id).copied().unwrap_or(0).wrapping_add(1);
                 maps.backend_gen.update(&id.to_ne_bytes(), &gen.to_ne_bytes(), MapFlags::ANY)?;
+                self.gens.insert(*id, gen);
             }
             // Every slot written gets a new owner (or a new range): unstable until swept.
-            plan::Op::Slots(entries) => self.slots.write_marked(entries, super::stable::UNSTABLE)?,
+            plan::Op::Slots(entries) => self.slots.write_marked(entries, self.write_mark())?,
             plan::Op::Hops(entries) => {
                 // struct lb_hops: two 16-bit ids (below LB_MAX_BACKENDS) in one aligned word.
                 let words: Vec<(u32, u32)> = entries
