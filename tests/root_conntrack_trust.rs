@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use common::packet::*;
+use common::Bpffs;
 use lb::balancer::Balancer;
 use lb::config::{parse_str, HashMode, Pool};
 use lb::dataplane::types;
@@ -561,29 +562,6 @@ fn root_a_pair_flood_evicts_its_own_young_entries_before_a_quiet_real_flow() {
     }
 }
 
-/// A bpffs mounted on a fresh directory under /run (one per test: they run in parallel);
-/// unmounted and removed when dropped.
-struct Bpffs(std::path::PathBuf);
-
-impl Bpffs {
-    fn new() -> Bpffs {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let d = std::path::PathBuf::from(format!("/run/lb-flow-key-test-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("mkdir");
-        let fs = Bpffs(d);
-        common::sh(&["mount", "-t", "bpf", "bpf", fs.0.to_str().expect("utf-8")]);
-        fs
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 /// A tracked data plane of pool A pinned on its own bpffs, with `n` established flows that pool
 /// B's table would move: what the adoption and upgrade tests start from.
 struct Pinned {
@@ -597,7 +575,7 @@ struct Pinned {
 
 fn pinned_with_flows(n: usize) -> Pinned {
     let (dp, a) = setup_pool(A, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
-    let fs = Bpffs::new();
+    let fs = Bpffs::new("lb-flow-key-test");
     dp.pin_maps(&fs.0, None).expect("pin");
     let b = pool(&A.replace(A_LIST, B_LIST));
     let (ta, tb) = (Tables::of(&a), Tables::of(&b));
@@ -661,7 +639,7 @@ fn root_flow_tables_made_under_a_lost_key_are_not_reused() {
     assert!(next.flow_table(false).expect("flows").is_empty());
 
     // A key pinned beside the table, but not this plane's own: nothing is carried either.
-    let fs2 = Bpffs::new();
+    let fs2 = Bpffs::new("lb-flow-key-test");
     p.dp.pin_maps(&fs2.0, None).expect("pin");
     let (other, _) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, None).expect("load");
     assert_ne!(other.flow_key().expect("key"), old_key);

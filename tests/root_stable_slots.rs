@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use common::packet::*;
+use common::Bpffs;
 use lb::balancer::Balancer;
 use lb::config::{parse_str, HashMode, Pool};
 use lb::dataplane::types::lb_stat;
@@ -427,7 +428,7 @@ fn root_an_upgrade_marks_the_words_only_after_the_switch() {
     let (mut dp, a) = setup();
     // Words as a version before stable slots wrote them: plain ids.
     dp.mark_all_stable_unchecked();
-    let fs = Bpffs::new();
+    let fs = Bpffs::new("lb-stable-test");
     dp.pin_maps(&fs.0, None).expect("pin");
     for name in ["flow_records", "pending_records"] {
         std::fs::remove_file(fs.0.join(name)).expect("as a plane before stable slots pins");
@@ -451,21 +452,3 @@ fn root_an_upgrade_marks_the_words_only_after_the_switch() {
     assert!(words(&next).iter().all(|w| w & 0x8000_0000 != 0), "marked once the new program runs");
 }
 
-struct Bpffs(std::path::PathBuf);
-
-impl Bpffs {
-    fn new() -> Bpffs {
-        let d = std::path::PathBuf::from(format!("/run/lb-stable-test-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("mkdir");
-        let fs = Bpffs(d);
-        common::sh(&["mount", "-t", "bpf", "bpf", fs.0.to_str().expect("utf-8")]);
-        fs
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}

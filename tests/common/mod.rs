@@ -393,3 +393,26 @@ pub fn tracked_plane(pool: &lb::config::Pool, conntrack_size: u32, guard: bool, 
     }
     dp
 }
+
+/// A bpffs of the test's own at /run/<prefix>-<pid>-<n>, for pins that must outlive one
+/// `ip netns exec` (see docs/restarts.md); unmounted and removed when dropped.
+pub struct Bpffs(pub std::path::PathBuf);
+
+impl Bpffs {
+    pub fn new(prefix: &str) -> Bpffs {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let d = std::path::PathBuf::from(format!("/run/{prefix}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let fs = Bpffs(d);
+        sh(&["mount", "-t", "bpf", "bpf", fs.0.to_str().expect("utf-8")]);
+        fs
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
