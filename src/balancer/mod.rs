@@ -145,6 +145,7 @@ impl Balancer {
                 state.taint(&plan.ops[..=i]);
                 self.state = state;
                 self.marks.note_written(&plan.ops[..=i]);
+                self.marks.placed_now(&self.dp)?;
                 return Err(e.context(format!("applying the new tables (write {} of {})", i + 1, plan.ops.len())));
             }
         }

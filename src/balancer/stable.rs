@@ -25,6 +25,10 @@ pub(super) struct Marks {
     /// What is known of ranges placed before this controller (lb_meta's mark; None: nothing,
     /// then they count as placed when it took over).
     before: Option<u32>,
+    /// The ranges (by base) the change being executed places: their placement is stamped
+    /// again once it has run (`placed_now`), since the route that moves their flows switches
+    /// somewhere in it.
+    placing: Vec<u32>,
     /// When a slot was last marked: no slot is made stable sooner than PLACED_MARGIN after it,
     /// so that a packet that read a slot's old owner and wrote its entry a moment later has
     /// written it before the sweep reads the tables.
@@ -45,6 +49,7 @@ impl Marks {
     /// is unstable too (src/stable.rs, pinned()).
     pub(super) fn after(&mut self, dp: &Dataplane, new: &[LiveService], ops: &[Op]) -> Result<()> {
         self.note_written(ops);
+        self.placed_now(dp)?;
         for s in new.iter().filter(|s| s.second_chance && s.forward == Forward::Gue) {
             self.mark(dp, s, |i| stable::pinned(s.owners[i], s.hops.get(i)));
         }
@@ -71,11 +76,29 @@ impl Marks {
             }
             placed = true;
             self.placed.insert(s.base, now);
+            self.placing.push(s.base);
             if let Some(o) = o.filter(|o| o.base == s.base && o.slots == s.slots) {
                 self.mark(dp, o, |_| true);
             }
         }
         if placed {
+            // Until the change has run, an adopting controller takes every range for placed
+            // when it takes over.
+            dp.set_placement_under_way()?;
+        }
+        self.last_marked = Some(now);
+        Ok(())
+    }
+
+    /// Once a change has run, whole or in part: the ranges it placed count as placed now (their
+    /// routes switched somewhere in it, and an entry written before that may record where its
+    /// flow hashed before), in lb_meta too, and no slot is judged for a margin from now.
+    pub(super) fn placed_now(&mut self, dp: &Dataplane) -> Result<()> {
+        let now = marks::now_ticks()?;
+        if !self.placing.is_empty() {
+            for b in std::mem::take(&mut self.placing) {
+                self.placed.insert(b, now);
+            }
             dp.set_placed_mark(now)?;
         }
         self.last_marked = Some(now);

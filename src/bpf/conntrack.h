@@ -107,6 +107,11 @@ static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
 	return be && (be->flags & LB_BACKEND_ALIVE) && (be->flags & LB_BACKEND_MAC_KNOWN) ? hop : 0;
 }
 
+/* Set in what ct_choose() returns (above any backend id) when the packet adopted its flow into
+ * the half-open table: tracked() then makes the flow young, so that its next packets take the
+ * whole path and promote and confirm it even on a stable slot. */
+#define LB_CT_ADOPTING 0x80000000u
+
 /* Connection tracking, for a flow with keyed tag `tag` and flow hash `hash` of a service whose
  * destination table is `table` (its base in the high half, its size in the low one), `proto`
  * and the TCP flags in `proto_flags`' low two bytes: the backend id the packet goes to, or 0
@@ -243,8 +248,10 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
 			flow_put(&flow_pending, &pending_records, pmask, 1, tag, NULL, 0, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots));
 			count(LB_CT_PENDING, 0);
-			if (adopt)
+			if (adopt) {
 				count(LB_CT_ADOPTED, 0);
+				return id | LB_CT_ADOPTING;
+			}
 		}
 		return id;
 	}
@@ -274,16 +281,39 @@ struct {
 	__type(value, __u32);
 } ct_sampler SEC(".maps");
 
-/* Each CPU's recent SYNs on the stable path, by flow hash (| 1; 0: none), so that a flow's next
- * packet takes the whole path and makes its entry. Direct-mapped: a later SYN with the same low
- * bits takes the place, and that flow's entry is then made by a sampled packet. Never pinned. */
+/* Recent SYNs on the stable path: a flow's hash (| 1; 0: none) and when its SYN came,
+ * so that the flow's packets take the whole path for its first two refresh intervals (about
+ * 2 s): its next packet makes its entry, and one a refresh interval later confirms it, as
+ * every packet did before stable slots (a confirmed entry is what a pair flood cannot displace).
+ * Direct-mapped: a later SYN with the same low bits takes the place, and that flow is then
+ * promoted and confirmed by sampled packets. Shared by all CPUs, not per CPU: a flow's packets
+ * may be processed on another CPU than its SYN (on a veth, the sender's). Written by SYNs,
+ * read by the stable path; a torn read (a hash with another SYN's time) only makes a flow
+ * young or not a moment longer. Never pinned. */
 #define LB_CT_YOUNG 4096
+struct lb_young {
+	__u32 hash;
+	__u32 since;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, LB_CT_YOUNG);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct lb_young);
 } ct_young SEC(".maps");
+
+/* Makes the flow of hash `hash` young from now (ct_young). */
+static __always_inline void young_from_now(__u32 hash)
+{
+	__u32 at = hash & (LB_CT_YOUNG - 1);
+	struct lb_young *young = bpf_map_lookup_elem(&ct_young, &at);
+
+	if (young) {
+		young->hash = hash | 1;
+		young->since = ct_now();
+	}
+}
 
 /* Whether this packet is one of the 1 in 2^LB_SLOT_SAMPLE_SHIFT (at random) that takes the whole
  * tracked path on a stable slot. */
@@ -315,29 +345,31 @@ static __always_inline __u32 slot_word(__u32 slot)
  * whose slot is stable (lb.h, enum lb_slot_bits) goes by the table, since the sweep marks a
  * slot stable only once no entry naming another backend can hash to it: an entry of its flow,
  * if any, names the slot's owner. That skips the lookup (a cache miss in a table of many flows)
- * and the flow's keyed tag. The packet after a flow's SYN, and one other packet in
- * 2^LB_SLOT_SAMPLE_SHIFT, take the whole path anyway, which makes, confirms and refreshes the
- * flow's entry for the day its slot changes. Returns the backend id, or 0: take the whole
+ * and the flow's keyed tag. A young flow's packets (its first two refresh intervals after its
+ * SYN), and one other packet in 2^LB_SLOT_SAMPLE_SHIFT, take the whole path anyway, which
+ * makes, confirms and refreshes the flow's entry for the day its slot changes. Returns the backend id, or 0: take the whole
  * path (tracked()). */
 static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_service *svc, __u8 proto, __u8 tcp_flags)
 {
-	__u32 word, *young, at;
+	struct lb_young *young;
+	__u32 word, at;
 
 	if (proto != IPPROTO_TCP || svc->slots == 0 || lb_settings.stable_off)
 		return 0;
 	at = p->hash & (LB_CT_YOUNG - 1);
 	young = bpf_map_lookup_elem(&ct_young, &at);
 	/* A pure SYN takes the whole path, and leaves its flow's hash here so that the flow's
-	 * next packet (the handshake's ACK, on this CPU as RSS keeps it) does too: it makes the
-	 * flow's entry from its half-open record, as before stable slots. */
+	 * packets (on this CPU, as RSS keeps them) do too while it is young: they make and confirm
+	 * its entry, as before stable slots. */
 	if ((tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
-		if (young)
-			*young = p->hash | 1;
+		young_from_now(p->hash);
 		return 0;
 	}
-	if (young && *young == (p->hash | 1)) {
-		*young = 0;
-		return 0;
+	/* An RST is never held back by it (nor ends it): see below. */
+	if (young && !(tcp_flags & TCP_FLAG_RST) && young->hash == (p->hash | 1)) {
+		if (ct_now() - young->since <= 2 * LB_CT_REFRESH_TICKS)
+			return 0;
+		young->hash = 0;
 	}
 	word = slot_word(svc->base + p->hash % svc->slots);
 	if ((word & LB_SLOT_UNSTABLE) || !(word & LB_SLOT_ID_MASK))
@@ -353,14 +385,19 @@ static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_servi
 
 /* ct_choose() for a packet of `svc` whose flow hash is p->hash and keyed tag `tag`: the
  * backend id, or 0. A packet in mid-connection may be adopted to the slot's first hop only
- * where the slot is unstable: a stable slot's flows all go where the table says. */
+ * where the slot is unstable: a stable slot's flows all go where the table says. A flow the
+ * packet adopted is made young (ct_young): a sampled packet that found no entry (its half-open
+ * record pushed out by a SYN flood, say) is followed at once by one that promotes it. */
 static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
 {
-	__u32 hop = 0;
+	__u32 hop = 0, id;
 
 	if (!(tcp_flags & TCP_FLAG_SYN) && svc->slots && (slot_word(svc->base + p->hash % svc->slots) & LB_SLOT_UNSTABLE))
 		hop = adopt_hop(svc, p->hash);
-	return ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
+	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
+	if (id & LB_CT_ADOPTING)
+		young_from_now(p->hash);
+	return id & ~LB_CT_ADOPTING;
 }
 
 /* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its

@@ -259,7 +259,8 @@ struct lb_meta {
 	__u32 conntrack_size;   /* entries of flows */
 	__u64 reserved[2];      /* [0]: the ifindex of the --announce device holding the VIPs (0: none);
 				 * [1]: the data plane's tick (flow.h) when a table range was last
-				 * placed or rehashed, + 1 (0: not recorded; src/stable.rs) */
+				 * placed or rehashed, + 1 (0: not recorded; all ones: a change
+				 * placing ranges is under way; src/stable.rs) */
 };
 
 /* The program's settings (a global in .bss). */

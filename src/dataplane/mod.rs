@@ -67,6 +67,9 @@ pub struct Dataplane {
     gens: HashMap<u32, u32>,
     /// The table words may not carry unstable marks yet (src/dataplane/stable.rs).
     unmarked: bool,
+    /// The .bss map was reused from a pin: the skeleton's mapping of it is then a copy, not
+    /// the map (libbpf maps only the maps it creates), and settings are written through.
+    bss_reused: bool,
 }
 
 /// Flow-table entries by default (`--conntrack-size`): 262,144, 4 MiB of kernel memory (and
@@ -89,6 +92,14 @@ const FLOW_WAYS: u32 = types::lb_flow_table_layout::LB_FLOW_WAYS.0;
 pub const DEFAULT_CT_TCP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// A tracked UDP flow idle this long is forgotten.
 pub const DEFAULT_CT_UDP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether the program `prog_id` reads table words with their unstable marks (lb.h, enum
+/// lb_slot_bits, in its BTF). When its BTF cannot be read it is taken for one that does not: its
+/// words then get their marks only once this program has replaced it.
+fn program_knows_marks(prog_id: u32) -> bool {
+    libbpf_rs::btf::Btf::from_prog_id(prog_id)
+        .is_ok_and(|btf| btf.type_by_name::<libbpf_rs::btf::types::Enum<'_>>("lb_slot_bits").is_some())
+}
 
 impl Dataplane {
     /// Loads the program (the verifier runs here); nothing is attached. With `reuse`, on the
@@ -147,14 +158,22 @@ impl Dataplane {
         );
         let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
         let flow_maps = stable::FlowMaps::new(&skel)?;
-        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false };
-        // A plane from before stable slots: its table words carry no unstable bit, and its
-        // entries no record, so nothing says which slots changed under which flows: every slot
+        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false, bss_reused: reuse.is_some() && !fresh.contains(&"bss") };
+        // The settings as the reused map holds them, so that what is written through from now
+        // on starts from them.
+        if dp.bss_reused {
+            let v = dp.skel.maps.bss.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.context("the pinned .bss has no value")?;
+            *dp.settings()? = encode::value_of::<types::lb_config>(&v);
+        }
+        // A plane whose running program is from before stable slots (its BTF has no
+        // lb_slot_bits: decided by the program, not by the pins, which a controller that died
+        // between its switch and its pinning leaves behind): its table words carry no unstable
+        // bit, and its entries no record, so nothing says which slots changed under which flows: every slot
         // is unstable until a sweep finds otherwise (src/stable.rs). Its program, still attached,
         // reads the same words as backend ids, so no mark may be written until this program
         // has replaced it: until then this program counts every slot as unstable
         // (lb_config.stable_off), and the balancer marks them once it has switched.
-        if reuse.is_some_and(|r| !r.dir.join("flow_records").exists() || fresh.contains(&"flow_records")) {
+        if reuse.is_some_and(|r| !program_knows_marks(r.old_prog_id)) {
             dp.set_stable_off(true)?;
         }
         dp.unmarked = dp.stable_off()?;
@@ -223,15 +242,35 @@ impl Dataplane {
         prog_id(&self.skel.progs.lb_xdp)
     }
 
-    /// The program's settings (struct lb_config in its .bss), written in place.
+    /// The program's settings (struct lb_config in its .bss), in the skeleton's mapping; every
+    /// change is followed by [`Dataplane::commit_settings`].
     fn settings(&mut self) -> Result<&mut types::lb_config> {
         Ok(&mut self.skel.maps.bss_data.as_deref_mut().context("the program's .bss is not memory-mapped")?.lb_settings)
+    }
+
+    /// Makes the settings as changed reach the program. Where libbpf created the .bss map, its
+    /// mapping is the map's memory and there is nothing to do; a .bss reused from a pin is not
+    /// mapped (libbpf maps only the maps it creates), and its mapping is a copy: written there
+    /// alone, a restarted controller's --conntrack-tcp-timeout, --conntrack-guard, MTU or MAC
+    /// never reached the program (found in issue 24's review).
+    fn commit_settings(&mut self) -> Result<()> {
+        if !self.bss_reused {
+            return Ok(());
+        }
+        let s = *self.settings()?;
+        let m = &self.skel.maps.bss;
+        let mut v = m.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.context("the program's .bss has no value")?;
+        let n = std::mem::size_of::<types::lb_config>();
+        anyhow::ensure!(v.len() >= n, "the program's .bss is smaller than its settings");
+        v[..n].copy_from_slice(encode::bytes_of(&s));
+        m.update(&0u32.to_ne_bytes(), &v, libbpf_rs::MapFlags::ANY)?;
+        Ok(())
     }
 
     /// Sets the source MAC of forwarded frames (the attached interface's).
     pub fn set_ifmac(&mut self, ifmac: [u8; 6]) -> Result<()> {
         self.settings()?.ifmac = ifmac;
-        Ok(())
+        self.commit_settings()
     }
 
     /// How long tracked flows may stay idle before they are forgotten (and re-hashed).
@@ -239,7 +278,7 @@ impl Dataplane {
         let s = self.settings()?;
         s.ct_tcp_timeout_ms = tcp.as_millis() as u64;
         s.ct_udp_timeout_ms = udp.as_millis() as u64;
-        Ok(())
+        self.commit_settings()
     }
 
     /// On (the default): a flow gets an established flow-table entry at its second packet, and
@@ -247,14 +286,14 @@ impl Dataplane {
     /// never evict established flows. Off: at its first packet, as a plain LRU would.
     pub fn set_conntrack_guard(&mut self, on: bool) -> Result<()> {
         self.settings()?.ct_guard = on as u32;
-        Ok(())
+        self.commit_settings()
     }
 
     /// The interface's MTU: an encapsulated packet longer than this is answered with "too big"
     /// (or dropped) instead of sent.
     pub fn set_mtu(&mut self, mtu: u32) -> Result<()> {
         self.settings()?.mtu = mtu;
-        Ok(())
+        self.commit_settings()
     }
 
     /// The outer source of encapsulated packets, per family: an address and how many of its
@@ -272,7 +311,7 @@ impl Dataplane {
             }
             s.encap_src6_vary = encode::host_mask_be(len.max(96) - 96, 32);
         }
-        Ok(())
+        self.commit_settings()
     }
 
     /// The secret key of the flow tags (lb.h, struct lb_flow_key): made once, from getrandom,
@@ -318,7 +357,7 @@ impl Dataplane {
         let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
         let ms = now.tv_sec() as u64 * 1000 + now.tv_nsec() as u64 / 1_000_000;
         self.settings()?.clock_ms = ms;
-        Ok(())
+        self.commit_settings()
     }
 
     /// The neighbour that frames for backend `addr` are sent to.

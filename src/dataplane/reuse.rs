@@ -428,19 +428,36 @@ impl Dataplane {
         let meta: types::lb_meta = value_of(&v);
         // Without the magic too: a fresh plane's lb_meta is written whole only when it is
         // pinned, after its first tables.
-        Ok((meta.reserved[1] != 0).then(|| (meta.reserved[1] - 1) as u32))
+        match meta.reserved[1] {
+            0 => Ok(None),
+            // A change was placing ranges when its controller stopped: as if placed now.
+            PLACEMENT_UNDER_WAY => Ok(Some(super::stable::now_ticks()?)),
+            t => Ok(Some((t - 1) as u32)),
+        }
+    }
+
+    /// Records that a change placing table ranges is under way (see placed_mark()).
+    pub fn set_placement_under_way(&self) -> Result<()> {
+        self.write_placed(PLACEMENT_UNDER_WAY)
     }
 
     /// Records that a table range was placed or rehashed at `tick`.
     pub fn set_placed_mark(&self, tick: u32) -> Result<()> {
+        self.write_placed(tick as u64 + 1)
+    }
+
+    fn write_placed(&self, value: u64) -> Result<()> {
         let m = &self.skel.maps.lb_meta;
         let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
         let mut meta: types::lb_meta = value_of(&v);
-        meta.reserved[1] = tick as u64 + 1;
+        meta.reserved[1] = value;
         m.update(&0u32.to_ne_bytes(), bytes_of(&meta), MapFlags::ANY)?;
         Ok(())
     }
 }
+
+/// lb_meta's `reserved[1]` while a change places table ranges.
+const PLACEMENT_UNDER_WAY: u64 = u64::MAX;
 
 /// Writes a flow-table slot (lb.h, struct lb_flow, as bytes) into the buckets its tag names
 /// (two for the flow table, one for the half-open table), claimed as the program claims slots:

@@ -2,10 +2,9 @@
 //! cleared through the table's memory mapping, and the flow tables' entries with their records,
 //! read through theirs for the sweep. The verdict is the balancer's; this only reads and writes.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use libbpf_rs::MapCore;
 
-use super::encode::{bytes_of, value_of};
 use super::mapped::{FlowSlots, Words};
 use super::{types, Dataplane};
 
@@ -132,6 +131,9 @@ impl Dataplane {
         if !self.unmarked {
             return Ok(());
         }
+        // A run of the replaced program that began before the switch may still be reading the
+        // words on another CPU: it ends within microseconds.
+        std::thread::sleep(std::time::Duration::from_millis(20));
         for i in unstable {
             self.slots.set_bits(i, UNSTABLE);
         }
@@ -141,27 +143,15 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Writes lb_config.stable_off through the map itself: the skeleton's mapping of .bss is
-    /// not the map's memory when the map was reused from a pin (found by the upgrade test).
+    /// Writes lb_config.stable_off.
     pub(super) fn set_stable_off(&mut self, on: bool) -> Result<()> {
-        let m = &self.skel.maps.bss;
-        let mut v = m.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.context("the program's .bss has no value")?;
-        let mut c: types::lb_config = value_of(&v);
-        c.stable_off = on as u32;
-        let n = std::mem::size_of::<types::lb_config>();
-        anyhow::ensure!(v.len() >= n, "the program's .bss is smaller than its settings");
-        v[..n].copy_from_slice(bytes_of(&c));
-        m.update(&0u32.to_ne_bytes(), &v, libbpf_rs::MapFlags::ANY)?;
-        if let Some(b) = self.skel.maps.bss_data.as_deref_mut() {
-            b.lb_settings.stable_off = on as u32;
-        }
-        Ok(())
+        self.settings()?.stable_off = on as u32;
+        self.commit_settings()
     }
 
-    /// lb_config.stable_off as the map holds it.
-    pub(super) fn stable_off(&self) -> Result<bool> {
-        let v = self.skel.maps.bss.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.context("the program's .bss has no value")?;
-        Ok(value_of::<types::lb_config>(&v).stable_off != 0)
+    /// lb_config.stable_off as the program reads it.
+    pub(super) fn stable_off(&mut self) -> Result<bool> {
+        Ok(self.settings()?.stable_off != 0)
     }
 
     /// Marks entry `i` stable if it still holds `owner`, unstable; whether it did.
