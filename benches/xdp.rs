@@ -112,7 +112,9 @@ fn main() -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(150));
     stable.test_run(&frame([10, 99, 0, 100], 80, 40001, 0x02))?;
     stable.test_run(&frame([10, 99, 0, 100], 80, 40001, 0x10))?;
-    std::thread::sleep(Duration::from_millis(150));
+    // Past the flow's young seconds (conntrack.h, ct_young), in which its packets take the whole
+    // path to be promoted and confirmed.
+    std::thread::sleep(Duration::from_millis(2300));
     while stable.sweep()? > 0 {}
     anyhow::ensure!(stable.unstable_slots() == 0, "the stable plane's slots were not swept stable");
     let mut floor_obj = MaybeUninit::uninit();
