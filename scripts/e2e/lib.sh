@@ -261,8 +261,14 @@ churn_start() { # [SOURCES]
 churn_stop() { # sets CHURN_SUMMARY to "N new connections, F failed"; fails if any failed
     touch "$WORK/stop"
     wait "$CHURN" || true
-    local rounds failed
-    rounds=$(cat "$WORK/churn.rounds")
+    # A signal can end `wait` before the loop has finished its round (a clean-clone CI run once
+    # found no rounds file here): the loop writes the file when it ends, within a round's time.
+    local i rounds failed
+    for i in $(seq 1 200); do
+        [ -f "$WORK/churn.rounds" ] && break
+        sleep 0.1
+    done
+    rounds=$(cat "$WORK/churn.rounds" 2>/dev/null || echo 0)
     failed=$(grep -c . "$WORK/churn.failed" || true)
     CHURN_SUMMARY="$((rounds * 5 * ${CHURN_COUNT:-100})) new connections, $failed failed"
     [ "$rounds" -gt 0 ] || { CHURN_SUMMARY="no round of new connections ran"; return 1; }
