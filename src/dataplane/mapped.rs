@@ -177,12 +177,7 @@ impl FlowSlots {
         if i >= self.slots || value_size < 16 || value_size > self.stride {
             return None;
         }
-        let at = i as usize * self.stride;
-        let tag_word = self.map.u64_at(at)?;
-        let tag = tag_word.load(Ordering::Acquire);
-        if tag & 1 == 0 {
-            return None;
-        }
+        let (at, tag_word, tag) = self.held(i)?;
         let mut out = Vec::with_capacity(self.stride);
         out.extend_from_slice(&tag.to_ne_bytes());
         for k in 1..self.stride / 8 {
@@ -230,18 +225,23 @@ impl FlowSlots {
         self.slots
     }
 
-    /// Slot `i`'s tag and its backend-and-state word, read as the program reads them (tag,
-    /// word, tag again); None for a free slot, one being written or one that changed meanwhile.
-    pub(super) fn word(&self, i: u32) -> Option<(u64, u64)> {
+    /// The first step of reading slot `i` as the program does: its byte offset, its tag word
+    /// and the tag read, if the slot holds a flow (an odd tag); the caller reads the rest, then
+    /// the tag again.
+    fn held(&self, i: u32) -> Option<(usize, &AtomicU64, u64)> {
         if i >= self.slots {
             return None;
         }
         let at = i as usize * self.stride;
         let tag_word = self.map.u64_at(at)?;
         let tag = tag_word.load(Ordering::Acquire);
-        if tag & 1 == 0 {
-            return None;
-        }
+        (tag & 1 == 1).then_some((at, tag_word, tag))
+    }
+
+    /// Slot `i`'s tag and its backend-and-state word, read as the program reads them (tag,
+    /// word, tag again); None for a free slot, one being written or one that changed meanwhile.
+    pub(super) fn word(&self, i: u32) -> Option<(u64, u64)> {
+        let (at, tag_word, tag) = self.held(i)?;
         let word = self.map.u64_at(at + 8)?.load(Ordering::Acquire);
         (tag_word.load(Ordering::Acquire) == tag).then_some((tag, word))
     }
