@@ -365,6 +365,49 @@ fn root_sampled_packets_make_and_keep_entries_on_stable_slots() {
     }
 }
 
+/// A handshake during a SYN flood, on a stable slot: the flood's SYNs must not make the flow's
+/// next packets skip the whole path (a SYN stamps its flow's cell of the recent SYNs, which other
+/// SYNs only stamp again), or the flow is never promoted, its half-open record is pushed out by
+/// the flood, and the next change of its slot moves it. CI's end-to-end SYN flood broke held
+/// connections that way when the recent SYNs kept one flow's hash per cell (another SYN took
+/// the cell).
+#[test]
+fn root_a_handshake_during_a_syn_flood_keeps_its_backend_across_a_change() {
+    let p = pool(A);
+    // A small flow table: its half-open table (4,096 records) is what the flood pushes out.
+    let mut dp = common::tracked_plane(&p, 1 << 14, true, mac);
+    std::thread::sleep(Duration::from_millis(120));
+    let a = p;
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    settle(&mut dp);
+    assert_eq!(dp.unstable_slots(), 0);
+    let flows = moving(&a, &b, 0, 40);
+    for &(s, p) in &flows {
+        tcp(&dp, s, p, SYN);
+    }
+    // 20,000 spoofed SYNs, each from another source and port, before the flows' ACKs.
+    let pending = ct(&dp, lb_stat::LB_CT_PENDING);
+    for i in 0..20_000u32 {
+        tcp(&dp, Ipv4Addr::from(0xcb00_7100 + (i % 200)), 1024 + (i / 200) as u16, SYN);
+    }
+    assert_eq!(ct(&dp, lb_stat::LB_CT_PENDING) - pending, 20_000);
+    // The handshake's ACK and a request; then the flows go on past their young seconds.
+    for &(s, p) in &flows {
+        tcp(&dp, s, p, ACK);
+        tcp(&dp, s, p, ACK);
+    }
+    std::thread::sleep(YOUNG);
+    for &(s, p) in &flows {
+        for _ in 0..4 {
+            assert_eq!(tcp(&dp, s, p, ACK), table_says(&a, s, p));
+        }
+    }
+    dp.apply(&b).expect("apply");
+    settle(&mut dp);
+    let kept = flows.iter().filter(|&&(s, p)| (0..8).all(|_| tcp(&dp, s, p, ACK) == table_says(&a, s, p))).count();
+    assert_eq!(kept, flows.len(), "flows whose handshake came during the flood keep their backends");
+}
+
 /// Review finding: two services that swap their VIPs keep their names and ranges, so no slot is
 /// written; each range must still be marked unstable before its route changes, since other
 /// flows hash into it now. Flows tracked before the swap keep their backends.

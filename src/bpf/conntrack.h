@@ -281,38 +281,56 @@ struct {
 	__type(value, __u32);
 } ct_sampler SEC(".maps");
 
-/* Recent SYNs on the stable path: a flow's hash (| 1; 0: none) and when its SYN came,
- * so that the flow's packets take the whole path for its first two refresh intervals (about
- * 2 s): its next packet makes its entry, and one a refresh interval later confirms it, as
+/* Recent SYNs on the stable path, as a filter: cell `hash % LB_CT_YOUNG` holds the low 16 bits
+ * of the clock (ticks, flow.h) when a SYN of a flow hashing to it last came. A flow whose cell
+ * was stamped within two refresh intervals (about 2 s) is *young*: its packets take the whole
+ * path, so that its next packet makes its entry and one a refresh interval later confirms it, as
  * every packet did before stable slots (a confirmed entry is what a pair flood cannot displace).
- * Direct-mapped: a later SYN with the same low bits takes the place, and that flow is then
- * promoted and confirmed by sampled packets. Shared by all CPUs, not per CPU: a flow's packets
- * may be processed on another CPU than its SYN (on a veth, the sender's). Written by SYNs,
- * read by the stable path; a torn read (a hash with another SYN's time) only makes a flow
- * young or not a moment longer. Never pinned. */
-#define LB_CT_YOUNG 4096
+ * Only times are kept, no flow's hash: another flow's SYN on the same cell only makes it younger,
+ * so no SYN, nor a flood of them, can make a young flow old; a flood makes more flows young
+ * (they pay the lookup, as before stable slots), never fewer. A cell stamped 2^16 ticks (about
+ * 18 min) ago, or never, reads as young about 1 time in 500, which costs a lookup and is harmless.
+ * 64 cells of 2 bytes to a value (a cache line), 128 KiB in all. Shared by all CPUs, not per
+ * CPU: a flow's packets may be processed on another CPU than its SYN (on a veth, the
+ * sender's). Never pinned. */
+#define LB_CT_YOUNG 65536
+#define LB_CT_YOUNG_LINE 32
 struct lb_young {
-	__u32 hash;
-	__u32 since;
+	__u16 at[LB_CT_YOUNG_LINE];
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, LB_CT_YOUNG);
+	__uint(max_entries, LB_CT_YOUNG / LB_CT_YOUNG_LINE);
 	__type(key, __u32);
 	__type(value, struct lb_young);
 } ct_young SEC(".maps");
 
+/* The cell of ct_young for flow hash `hash`, or NULL. */
+static __always_inline __u16 *young_cell(__u32 hash)
+{
+	__u32 line = (hash / LB_CT_YOUNG_LINE) % (LB_CT_YOUNG / LB_CT_YOUNG_LINE);
+	struct lb_young *y = bpf_map_lookup_elem(&ct_young, &line);
+
+	return y ? &y->at[hash % LB_CT_YOUNG_LINE] : NULL;
+}
+
 /* Makes the flow of hash `hash` young from now (ct_young). */
 static __always_inline void young_from_now(__u32 hash)
 {
-	__u32 at = hash & (LB_CT_YOUNG - 1);
-	struct lb_young *young = bpf_map_lookup_elem(&ct_young, &at);
+	__u16 *at = young_cell(hash);
 
-	if (young) {
-		young->hash = hash | 1;
-		young->since = ct_now();
-	}
+	if (at)
+		*at = ct_now();
+}
+
+/* Whether the flow of hash `hash` is young: a SYN of its cell came within two refresh
+ * intervals. No map (never so): young, the safe answer. */
+static __always_inline int young(__u32 hash)
+{
+	__u16 *at = young_cell(hash);
+
+	return !at || (__u16)((__u16)ct_now() - *at) <= 2 * LB_CT_REFRESH_TICKS;
 }
 
 /* Whether this packet is one of the 1 in 2^LB_SLOT_SAMPLE_SHIFT (at random) that takes the whole
@@ -351,26 +369,19 @@ static __always_inline __u32 slot_word(__u32 slot)
  * path (tracked()). */
 static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_service *svc, __u8 proto, __u8 tcp_flags)
 {
-	struct lb_young *young;
-	__u32 word, at;
+	__u32 word;
 
 	if (proto != IPPROTO_TCP || svc->slots == 0 || lb_settings.stable_off)
 		return 0;
-	at = p->hash & (LB_CT_YOUNG - 1);
-	young = bpf_map_lookup_elem(&ct_young, &at);
-	/* A pure SYN takes the whole path, and leaves its flow's hash here so that the flow's
-	 * packets (on this CPU, as RSS keeps them) do too while it is young: they make and confirm
-	 * its entry, as before stable slots. */
+	/* A pure SYN takes the whole path, and stamps its flow's cell so that the flow's packets
+	 * do too while it is young: they make and confirm its entry, as before stable slots. */
 	if ((tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		young_from_now(p->hash);
 		return 0;
 	}
-	/* An RST is never held back by it (nor ends it): see below. */
-	if (young && !(tcp_flags & TCP_FLAG_RST) && young->hash == (p->hash | 1)) {
-		if (ct_now() - young->since <= 2 * LB_CT_REFRESH_TICKS)
-			return 0;
-		young->hash = 0;
-	}
+	/* An RST is never held back by it: see below. */
+	if (!(tcp_flags & TCP_FLAG_RST) && young(p->hash))
+		return 0;
 	word = slot_word(svc->base + p->hash % svc->slots);
 	if ((word & LB_SLOT_UNSTABLE) || !(word & LB_SLOT_ID_MASK))
 		return 0;
