@@ -486,6 +486,30 @@ fn root_an_rst_on_a_stable_slot_does_not_end_the_entry() {
     }
 }
 
+/// An RST on a stable slot goes where the flow's entry says, like the flow's other tracked
+/// packets (a young flow's FIN takes the whole path just before it): here every slot is marked
+/// stable over entries that name the slots' old owners (the sweep's rule off), and each RST
+/// still reaches the backend its flow's entry names, not the table's; sent by the table, a
+/// closing RST once missed the backend that had the FIN, which then stalled the next connection
+/// on the same ports (docs/data-plane.md).
+#[test]
+fn root_an_rst_on_a_stable_slot_follows_the_flows_entry() {
+    let (mut dp, a) = setup();
+    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let flows = moving(&a, &b, 0, 30);
+    establish(&dp, &flows);
+    settle(&mut dp);
+    dp.apply(&b).expect("apply");
+    dp.mark_all_stable_unchecked();
+    assert_eq!(dp.unstable_slots(), 0);
+    let stable = ct(&dp, lb_stat::LB_CT_STABLE);
+    for &(s, p) in &flows {
+        assert_eq!(tcp(&dp, s, p, RST | ACK), table_says(&a, s, p), "{s}:{p}'s RST follows its entry");
+        assert_eq!(tcp(&dp, s, p, RST), table_says(&a, s, p), "{s}:{p}'s bare RST follows its entry");
+    }
+    assert_eq!(ct(&dp, lb_stat::LB_CT_STABLE), stable, "no RST is sent the stable way");
+}
+
 /// Review finding: upgrading a plane whose program is from before stable slots must not write
 /// marks into the table words while that program, which reads them as backend ids, is still
 /// attached: until the switch the new program counts every slot unstable, and the balancer

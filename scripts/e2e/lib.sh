@@ -243,16 +243,19 @@ hold_summary() { tail -1 "$WORK/hold.log" | sed 's/^hold: //'; }
 # given CHURN_TIMEOUT_MS (1000) to be answered, with one retry; every failure is kept in
 # $WORK/churn.failed. Sets CHURN to the loop's pid.
 churn_start() { # [SOURCES]
-    rm -f "$WORK/stop" "$WORK/churn.failed"
+    rm -f "$WORK/stop" "$WORK/churn.failed" "$WORK/churn.rounds" "$WORK/churn.exits"
     (
         r=0
         while [ ! -f "$WORK/stop" ]; do
+            # A probe that fails must not end the loop (the tests run under set -e): its failed
+            # flows are counted, and any other exit is recorded.
             ip netns exec "$PREFIX-client" "$E2E" probe --vip 10.99.0.100 --port 80 --sources "${1:-$TOPO_CLIENTS4}" \
-                --first-port $((30000 + (r % 20) * 100)) --count "${CHURN_COUNT:-100}" --timeout-ms "${CHURN_TIMEOUT_MS:-1000}" >"$WORK/churn.$r" 2>/dev/null
+                --first-port $((30000 + (r % 20) * 100)) --count "${CHURN_COUNT:-100}" --timeout-ms "${CHURN_TIMEOUT_MS:-1000}" \
+                >"$WORK/churn.$r" 2>"$WORK/churn.err" || echo "round $r: the probe exited $?: $(tail -1 "$WORK/churn.err")" >>"$WORK/churn.exits"
             grep FAIL "$WORK/churn.$r" >>"$WORK/churn.failed" || true
             r=$((r + 1))
+            echo "$r" >"$WORK/churn.rounds"
         done
-        echo "$r" >"$WORK/churn.rounds"
     ) &
     CHURN=$!
 }
@@ -261,18 +264,18 @@ churn_start() { # [SOURCES]
 churn_stop() { # sets CHURN_SUMMARY to "N new connections, F failed"; fails if any failed
     touch "$WORK/stop"
     wait "$CHURN" || true
-    # A signal can end `wait` before the loop has finished its round (a clean-clone CI run once
-    # found no rounds file here): the loop writes the file when it ends, within a round's time.
-    local i rounds failed
-    for i in $(seq 1 200); do
-        [ -f "$WORK/churn.rounds" ] && break
-        sleep 0.1
-    done
+    local rounds failed
     rounds=$(cat "$WORK/churn.rounds" 2>/dev/null || echo 0)
     failed=$(grep -c . "$WORK/churn.failed" || true)
     CHURN_SUMMARY="$((rounds * 5 * ${CHURN_COUNT:-100})) new connections, $failed failed"
     [ "$rounds" -gt 0 ] || { CHURN_SUMMARY="no round of new connections ran"; return 1; }
     [ "$failed" -eq 0 ] || { head -5 "$WORK/churn.failed" >&2; return 1; }
+    # A probe that failed without a failed flow (it could not run): named, and a failure.
+    if [ -s "$WORK/churn.exits" ]; then
+        head -3 "$WORK/churn.exits" >&2
+        CHURN_SUMMARY+="; $(grep -c . "$WORK/churn.exits") rounds' probes failed to run"
+        return 1
+    fi
 }
 
 # Starts `lb decap eth0` on backends 1 to 3 (stopped with the topology), unwrapping only what

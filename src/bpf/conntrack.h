@@ -379,19 +379,38 @@ static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_servi
 		young_from_now(p->hash);
 		return 0;
 	}
-	/* An RST is never held back by it: see below. */
-	if (!(tcp_flags & TCP_FLAG_RST) && young(p->hash))
+	/* An RST follows the flow's entry, read but not written (tracked()). */
+	if ((tcp_flags & TCP_FLAG_RST) || young(p->hash))
 		return 0;
 	word = slot_word(svc->base + p->hash % svc->slots);
 	if ((word & LB_SLOT_UNSTABLE) || !(word & LB_SLOT_ID_MASK))
 		return 0;
-	/* An RST here goes by the table and leaves the entry alone: an entry of a stable slot names
-	 * the slot's owner, so its reset could only shorten its life, and the flow's later
-	 * packets, which go by the table, could not clear a spoofed one. */
-	if (!(tcp_flags & TCP_FLAG_RST) && ct_sampled())
+	if (ct_sampled())
 		return 0;
 	count(LB_CT_STABLE, 0);
 	return word & LB_SLOT_ID_MASK;
+}
+
+/* The backend a packet of `svc`'s flow (flow hash p->hash, keyed tag `tag`) goes to by its
+ * entry, looked up and never written (in the flow table, else the half-open one), or else by the
+ * table: 0 when dropped (counted). For the packets that must reach the flow's backend without
+ * changing what lb knows of the flow: ICMP errors, and RSTs on stable slots. */
+static __always_inline __u32 ct_peek(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
+{
+	__u32 now = ct_now(), at;
+	struct flow_word f;
+	__u64 w;
+
+	tag |= 1;
+	if (svc->flags & LB_SVC_CONNTRACK) {
+		if (flow_find(&flows, lb_settings.ct_mask, 2, tag, &w, &at) ||
+		    flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &w, &at)) {
+			f = flow_unpack(w);
+			if (usable(&f, ct_timeout_ticks(proto), now))
+				return f.backend;
+		}
+	}
+	return pick(svc, p->hash);
 }
 
 /* ct_choose() for a packet of `svc` whose flow hash is p->hash and keyed tag `tag`: the
@@ -401,9 +420,15 @@ static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_servi
  * record pushed out by a SYN flood, say) is followed at once by one that promotes it. */
 static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
 {
-	__u32 hop = 0, id;
+	__u32 hop = 0, id, word = svc->slots ? slot_word(svc->base + p->hash % svc->slots) : 0;
 
-	if (!(tcp_flags & TCP_FLAG_SYN) && svc->slots && (slot_word(svc->base + p->hash % svc->slots) & LB_SLOT_UNSTABLE))
+	/* An RST on a stable slot goes where the flow's earlier packets went, by its entry if it
+	 * has one (a young flow's packets, and a sample, take the whole path there and may follow
+	 * an entry), and leaves the entry alone: a spoofed RST must not shorten the life of an
+	 * entry whose flow's later packets go by the table and would never clear the reset. */
+	if (proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST) && !lb_settings.stable_off && !(word & LB_SLOT_UNSTABLE) && (word & LB_SLOT_ID_MASK))
+		return ct_peek(p, svc, tag, proto);
+	if (!(tcp_flags & TCP_FLAG_SYN) && (word & LB_SLOT_UNSTABLE))
 		hop = adopt_hop(svc, p->hash);
 	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
 	if (id & LB_CT_ADOPTING)
@@ -417,22 +442,8 @@ static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc
  * packets; 0 when dropped. */
 static __always_inline __u32 route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
 {
-	__u32 now = ct_now(), at;
-	struct flow_word f;
-	__u32 id = 0;
-	__u64 w;
+	__u32 id = ct_peek(p, svc, tag, proto);
 
-	tag |= 1;
-	if (svc->flags & LB_SVC_CONNTRACK) {
-		if (flow_find(&flows, lb_settings.ct_mask, 2, tag, &w, &at) ||
-		    flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &w, &at)) {
-			f = flow_unpack(w);
-			if (usable(&f, ct_timeout_ticks(proto), now))
-				id = f.backend;
-		}
-	}
-	if (id == 0)
-		id = pick(svc, p->hash);
 	if (id == 0)
 		return 0;
 	p->icmp = 1;
