@@ -502,12 +502,13 @@ fn root_an_rst_on_a_stable_slot_follows_the_flows_entry() {
     dp.apply(&b).expect("apply");
     dp.mark_all_stable_unchecked();
     assert_eq!(dp.unstable_slots(), 0);
-    let stable = ct(&dp, lb_stat::LB_CT_STABLE);
+    let (stable, hit) = (ct(&dp, lb_stat::LB_CT_STABLE), ct(&dp, lb_stat::LB_CT_HIT));
     for &(s, p) in &flows {
         assert_eq!(tcp(&dp, s, p, RST | ACK), table_says(&a, s, p), "{s}:{p}'s RST follows its entry");
         assert_eq!(tcp(&dp, s, p, RST), table_says(&a, s, p), "{s}:{p}'s bare RST follows its entry");
     }
     assert_eq!(ct(&dp, lb_stat::LB_CT_STABLE), stable, "no RST is sent the stable way");
+    assert_eq!(ct(&dp, lb_stat::LB_CT_HIT) - hit, 2 * flows.len() as u64, "each RST's lookup counted a hit");
 }
 
 /// Review finding: upgrading a plane whose program is from before stable slots must not write

@@ -289,8 +289,9 @@ struct {
  * Only times are kept, no flow's hash: another flow's SYN on the same cell only makes it younger,
  * so no SYN, nor a flood of them, can make a young flow old; a flood makes more flows young
  * (they pay the lookup, as before stable slots), never fewer. A cell stamped 2^16 ticks (about
- * 18 min) ago, or never, reads as young about 1 time in 500, which costs a lookup and is harmless.
- * 64 cells of 2 bytes to a value (a cache line), 128 KiB in all. Shared by all CPUs, not per
+ * 18 min) ago, or never (0 after a load), reads as young for about 2 s in every 18 min, all
+ * such cells at once: their flows pay the lookup then, which is harmless. 32 cells of 2 bytes
+ * to a value (a cache line), 128 KiB in all. Shared by all CPUs, not per
  * CPU: a flow's packets may be processed on another CPU than its SYN (on a veth, the
  * sender's). Never pinned. */
 #define LB_CT_YOUNG 65536
@@ -329,8 +330,13 @@ static __always_inline void young_from_now(__u32 hash)
 static __always_inline int young(__u32 hash)
 {
 	__u16 *at = young_cell(hash);
+	__u16 age;
 
-	return !at || (__u16)((__u16)ct_now() - *at) <= 2 * LB_CT_REFRESH_TICKS;
+	if (!at)
+		return 1;
+	age = (__u16)ct_now() - *at;
+	/* A stamp a few ticks ahead: another CPU's SYN since this packet read the clock. */
+	return age <= 2 * LB_CT_REFRESH_TICKS || (__u16)-age <= LB_CT_AHEAD_TICKS;
 }
 
 /* Whether this packet is one of the 1 in 2^LB_SLOT_SAMPLE_SHIFT (at random) that takes the whole
@@ -394,8 +400,9 @@ static __always_inline __u32 by_stable_slot(struct pkt *p, const struct lb_servi
 /* The backend a packet of `svc`'s flow (flow hash p->hash, keyed tag `tag`) goes to by its
  * entry, looked up and never written (in the flow table, else the half-open one), or else by the
  * table: 0 when dropped (counted). For the packets that must reach the flow's backend without
- * changing what lb knows of the flow: ICMP errors, and RSTs on stable slots. */
-static __always_inline __u32 ct_peek(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
+ * changing what lb knows of the flow: ICMP errors, and RSTs on stable slots (`counted`: as a
+ * lookup's hit or miss). */
+static __always_inline __u32 ct_peek(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, int counted)
 {
 	__u32 now = ct_now(), at;
 	struct flow_word f;
@@ -406,10 +413,15 @@ static __always_inline __u32 ct_peek(struct pkt *p, const struct lb_service *svc
 		if (flow_find(&flows, lb_settings.ct_mask, 2, tag, &w, &at) ||
 		    flow_find(&flow_pending, lb_settings.ct_pending_mask, 1, tag, &w, &at)) {
 			f = flow_unpack(w);
-			if (usable(&f, ct_timeout_ticks(proto), now))
+			if (usable(&f, ct_timeout_ticks(proto), now)) {
+				if (counted)
+					count(LB_CT_HIT, 0);
 				return f.backend;
+			}
 		}
 	}
+	if (counted)
+		count(LB_CT_MISS, 0);
 	return pick(svc, p->hash);
 }
 
@@ -427,7 +439,7 @@ static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc
 	 * an entry), and leaves the entry alone: a spoofed RST must not shorten the life of an
 	 * entry whose flow's later packets go by the table and would never clear the reset. */
 	if (proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST) && !lb_settings.stable_off && !(word & LB_SLOT_UNSTABLE) && (word & LB_SLOT_ID_MASK))
-		return ct_peek(p, svc, tag, proto);
+		return ct_peek(p, svc, tag, proto, 1);
 	if (!(tcp_flags & TCP_FLAG_SYN) && (word & LB_SLOT_UNSTABLE))
 		hop = adopt_hop(svc, p->hash);
 	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
@@ -442,7 +454,7 @@ static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc
  * packets; 0 when dropped. */
 static __always_inline __u32 route_icmp(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto)
 {
-	__u32 id = ct_peek(p, svc, tag, proto);
+	__u32 id = ct_peek(p, svc, tag, proto, 0);
 
 	if (id == 0)
 		return 0;

@@ -97,6 +97,11 @@ static __always_inline __u64 flow_tag40(const __u64 *l)
  * checked here). */
 #define LB_CT_RESET_TICKS 240
 
+/* How far ahead of a CPU's `now` another CPU's time stamp may be and still be taken for a
+ * moment later, not 2^32 (or 2^16) ticks earlier: a packet that read the clock, then met an
+ * entry another CPU wrote since. */
+#define LB_CT_AHEAD_TICKS 4
+
 static __always_inline __u32 ct_refresh_every(__u32 timeout)
 {
 	__u32 every = timeout / 4;
@@ -225,7 +230,9 @@ static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u3
 		return 0;
 	if ((f->flags & LB_FLOW_RESET) && (timeout == 0 || timeout > LB_CT_RESET_TICKS))
 		timeout = LB_CT_RESET_TICKS;
-	return timeout == 0 || now - f->seen < timeout;
+	/* `seen` a few ticks ahead of `now`: another CPU wrote the entry after this one read the
+	 * clock. Fresh, not 2^32 ticks old. */
+	return timeout == 0 || now - f->seen < timeout || f->seen - now <= LB_CT_AHEAD_TICKS;
 }
 
 /* Which slot a promotion (`guarded`) or a first packet (not) takes, as a rank: the smallest
