@@ -375,8 +375,8 @@ fn root_two_cpus_writing_one_slot_never_tear_an_entry() {
     assert!(evicted >= 10_000, "the two CPUs took the slot from each other only {evicted} times: too few to test anything");
     // A torn entry shows only in a packet that follows one: many must have (without following,
     // none would). How many depends on how the two CPUs' runs interleave, which the scheduler
-    // decides: 26% to 85% in the runs that set this check, 5.7% to 30% since stable slots gave
-    // each SYN more to do (9.5% in a clean-clone CI run, which the old bar of 10% failed). A
+    // decides: 26% to 85% in the runs that set this check, 5.7% to 30% in seven runs on
+    // 2026-12-02 (9.5% in a clean-clone CI run, which the old bar of 10% failed). A
     // hundred thousand chances to meet a torn entry is far more than the claim-less writes
     // needed to tear one within seconds.
     assert!(hits >= 100_000, "only {hits} packets followed the slot: too few to see a torn entry");
