@@ -291,10 +291,12 @@ struct {
  * (they pay the lookup, as before stable slots), never fewer. A cell stamped 2^16 ticks (about
  * 18 min) ago, or never (0 after a load), reads as young for about 2 s in every 18 min, all
  * such cells at once: their flows pay the lookup then, which is harmless. 32 cells of 2 bytes
- * to a value (a cache line), 128 KiB in all. Shared by all CPUs, not per
+ * to a value (a cache line), 2 MiB in all: with 2^16 cells the 1% of SYNs in the many-flow
+ * benchmark kept most cells recent (only 7% of a million flows' packets went the stable way),
+ * with 2^20 79% did (docs/benchmarks.md). Shared by all CPUs, not per
  * CPU: a flow's packets may be processed on another CPU than its SYN (on a veth, the
  * sender's). Never pinned. */
-#define LB_CT_YOUNG 65536
+#define LB_CT_YOUNG (1u << 20)
 #define LB_CT_YOUNG_LINE 32
 struct lb_young {
 	__u16 at[LB_CT_YOUNG_LINE];
