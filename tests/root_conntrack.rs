@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use common::packet::*;
-use lb::config::{parse_str, BackendState, HashMode, Pool};
+use lb::config::{BackendState, HashMode, Pool};
 use lb::balancer::Balancer;
 use lb::dataplane::types;
 use lb::flowhash::flow_hash;
@@ -21,16 +21,7 @@ const RST: u8 = 0x04;
 
 const A: &str = include_str!("pools/conntrack.yaml");
 
-fn mac(a: IpAddr) -> [u8; 6] {
-    match a {
-        IpAddr::V4(v) => [2, 0xcc, 0, 0, 0, v.octets()[3]],
-        IpAddr::V6(_) => [0; 6],
-    }
-}
-
-fn pool(text: &str) -> Pool {
-    parse_str("p.yaml", text).expect("valid")
-}
+use common::{backend_mac as mac, pool};
 
 fn setup() -> (Balancer, Pool) {
     setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, true)

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::packet::*;
 use common::Bpffs;
 use lb::balancer::Balancer;
-use lb::config::{parse_str, HashMode, Pool};
+use lb::config::{HashMode, Pool};
 use lb::dataplane::types;
 use lb::flowhash::{flow_hash, hash_bytes64, hash_input};
 use lb::table;
@@ -26,16 +26,7 @@ const A: &str = include_str!("pools/conntrack.yaml");
 const B_LIST: &str = "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14, 10.99.0.15]";
 const A_LIST: &str = "[10.99.0.11, 10.99.0.12, 10.99.0.13]";
 
-fn mac(a: IpAddr) -> [u8; 6] {
-    match a {
-        IpAddr::V4(v) => [2, 0xcc, 0, 0, 0, v.octets()[3]],
-        IpAddr::V6(v) => [2, 0xcc, 0, 0, 6, v.octets()[15]],
-    }
-}
-
-fn pool(text: &str) -> Pool {
-    parse_str("p.yaml", text).expect("valid")
-}
+use common::{backend_mac as mac, pool};
 
 fn setup_pool(text: &str, conntrack_size: u32, guard: bool) -> (Balancer, Pool) {
     let p = pool(text);

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::packet::*;
 use common::Bpffs;
 use lb::balancer::Balancer;
-use lb::config::{parse_str, HashMode, Pool};
+use lb::config::{HashMode, Pool};
 use lb::dataplane::types::lb_stat;
 use lb::flowhash::flow_hash;
 use lb::table;
@@ -41,16 +41,7 @@ const RST: u8 = 0x04;
 const A: &str = include_str!("pools/conntrack.yaml");
 const THREE: &str = "[10.99.0.11, 10.99.0.12, 10.99.0.13]";
 
-fn mac(a: IpAddr) -> [u8; 6] {
-    match a {
-        IpAddr::V4(v) => [2, 0xcc, 0, 0, 0, v.octets()[3]],
-        IpAddr::V6(_) => [0; 6],
-    }
-}
-
-fn pool(text: &str) -> Pool {
-    parse_str("p.yaml", text).expect("valid")
-}
+use common::{backend_mac as mac, pool};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")

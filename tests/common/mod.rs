@@ -394,6 +394,20 @@ pub fn tracked_plane(pool: &lb::config::Pool, conntrack_size: u32, guard: bool, 
     dp
 }
 
+/// The MAC the conntrack tests give a backend: 02:cc:00:00:00:<last octet> (IPv6: 02:cc:00:00:06:<last
+/// octet>), so a frame's destination MAC names the backend it was sent to.
+pub fn backend_mac(a: std::net::IpAddr) -> [u8; 6] {
+    match a {
+        std::net::IpAddr::V4(v) => [2, 0xcc, 0, 0, 0, v.octets()[3]],
+        std::net::IpAddr::V6(v) => [2, 0xcc, 0, 0, 6, v.octets()[15]],
+    }
+}
+
+/// A pool from YAML text the test knows to be valid.
+pub fn pool(text: &str) -> lb::config::Pool {
+    lb::config::parse_str("p.yaml", text).expect("valid")
+}
+
 /// A bpffs of the test's own at /run/<prefix>-<pid>-<n>, for pins that must outlive one
 /// `ip netns exec` (see docs/restarts.md); unmounted and removed when dropped.
 pub struct Bpffs(pub std::path::PathBuf);
