@@ -142,14 +142,18 @@ pub fn ticks(ms: u64) -> u32 {
 /// Whether an entry last written at `seen` is still usable at `now` for a timeout of
 /// `timeout` ticks (0: never expires), as the program's usable() judges it, with a margin of two
 /// ticks in its favour (the two clocks are read at different moments). An entry written after
-/// `now` (the sweep reads its clock once, then walks the tables while packets go on writing
-/// them) is alive: taken for one written 2^32 ticks ago, such an entry was dropped from the
-/// evidence, and its slot marked stable while its flow lived on another backend (the hostile
-/// review of the CI failures found it).
+/// `now`, up to [`AHEAD`] ticks (the sweep reads its clock once, then walks the tables while
+/// packets go on writing them), is alive: taken for one written 2^32 ticks ago, such an entry
+/// was dropped from the evidence, and its slot marked stable while its flow lived on another
+/// backend (the hostile review of the CI failures found it).
 pub fn alive(seen: u32, now: u32, timeout: u32) -> bool {
-    let age = now.wrapping_sub(seen);
-    timeout == 0 || (age as i32) < 0 || age < timeout.saturating_add(2)
+    timeout == 0 || seen.wrapping_sub(now) <= AHEAD || now.wrapping_sub(seen) < timeout.saturating_add(2)
 }
+
+/// How far ahead of the sweep's clock an entry's time may be and still be taken for one written
+/// during the walk (about 69 s, far longer than a walk takes); anything further ahead is an entry
+/// written about 2^32 ticks ago.
+pub const AHEAD: u32 = 1 << 12;
 
 #[cfg(test)]
 mod tests {
@@ -244,5 +248,7 @@ mod tests {
         assert!(alive(101, 100, 50));
         assert!(alive(160, 100, 50));
         assert!(alive(2, u32::MAX, 10));
+        // Not an entry 2^32 ticks minus a few hours old.
+        assert!(!alive(100 + AHEAD + 1, 100, 50));
     }
 }

@@ -58,7 +58,7 @@ static __always_inline void refresh(struct lb_flow *e, __u32 at, struct flow_wor
 			return;
 		f.seen = reset_seen(&f, timeout, now);
 		f.flags |= LB_FLOW_RESET;
-	} else if (now - f.seen >= every) {
+	} else if (ct_age(f.seen, now) >= every) {
 		f.flags = (f.flags & ~LB_FLOW_RESET) | LB_FLOW_CONFIRMED;
 		f.seen = now;
 	} else if (f.flags & LB_FLOW_RESET) {
@@ -161,7 +161,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		/* A pure SYN follows a live entry (a retransmitted SYN; a spoofed one, which the
 		 * backend answers with a challenge ACK) unless the flow has been silent long
 		 * enough to have ended: then it is a new connection on the same ports. */
-		if (ok && !(syn && !(f.flags & LB_FLOW_RESET) && now - f.seen >= ct_syn_idle(timeout))) {
+		if (ok && !(syn && !(f.flags & LB_FLOW_RESET) && ct_age(f.seen, now) >= ct_syn_idle(timeout))) {
 			if (!syn)
 				refresh(e, at, f, w, timeout, now, rst, ct_rec(tag, slot, slots));
 			count(LB_CT_HIT, 0);
@@ -221,7 +221,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 					count(LB_CT_NO_ROOM, 0);
 					if (stale)
 						flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
-					else if ((f.flags & LB_FLOW_RESET) || now - f.seen >= ct_refresh_every(timeout)) {
+					else if ((f.flags & LB_FLOW_RESET) || ct_age(f.seen, now) >= ct_refresh_every(timeout)) {
 						flow_note(&pending_records, at, ct_rec(tag, slot, slots));
 						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
 					}

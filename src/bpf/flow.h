@@ -114,6 +114,14 @@ static __always_inline __u32 ct_now(void)
 	return bpf_ktime_get_coarse_ns() >> LB_CT_TICK_SHIFT;
 }
 
+/* How many ticks before `now` an entry was last written at `seen`: 0 when `seen` is a few ticks
+ * ahead (another CPU wrote the entry after this one read the clock), which is fresh, not 2^32
+ * ticks old. Every judgement of an entry's age goes through it. */
+static __always_inline __u32 ct_age(__u32 seen, __u32 now)
+{
+	return seen - now <= LB_CT_AHEAD_TICKS ? 0 : now - seen;
+}
+
 static __always_inline __u32 ct_ticks(__u64 ms)
 {
 	return (ms * 1000000 + (1 << LB_CT_TICK_SHIFT) - 1) >> LB_CT_TICK_SHIFT;
@@ -230,9 +238,7 @@ static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u3
 		return 0;
 	if ((f->flags & LB_FLOW_RESET) && (timeout == 0 || timeout > LB_CT_RESET_TICKS))
 		timeout = LB_CT_RESET_TICKS;
-	/* `seen` a few ticks ahead of `now`: another CPU wrote the entry after this one read the
-	 * clock. Fresh, not 2^32 ticks old. */
-	return timeout == 0 || now - f->seen < timeout || f->seen - now <= LB_CT_AHEAD_TICKS;
+	return timeout == 0 || ct_age(f->seen, now) < timeout;
 }
 
 /* Which slot a promotion (`guarded`) or a first packet (not) takes, as a rank: the smallest
@@ -245,7 +251,7 @@ static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u3
 static __always_inline __u64 evict_rank(__u64 tag, __u64 w, int guarded, __u32 now)
 {
 	struct flow_word f = flow_unpack(w);
-	__u64 age = (__u32)(now - f.seen);
+	__u64 age = ct_age(f.seen, now);
 	__u32 timeout;
 
 	if (tag == 0)
