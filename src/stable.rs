@@ -84,9 +84,7 @@ impl Evidence {
                 self.unknown.insert(e.backend);
             }
         }
-        let age = self.now.wrapping_sub(e.seen);
-        // A `seen` ahead of `now` (another CPU's clock a tick on) is as young as can be.
-        let age = if age > u32::MAX / 2 { 0 } else { age };
+        let age = age(e.seen, self.now);
         let old = self.oldest.entry(e.backend).or_insert(0);
         *old = (*old).max(age);
     }
@@ -147,7 +145,18 @@ pub fn ticks(ms: u64) -> u32 {
 /// was dropped from the evidence, and its slot marked stable while its flow lived on another
 /// backend (the hostile review of the CI failures found it).
 pub fn alive(seen: u32, now: u32, timeout: u32) -> bool {
-    timeout == 0 || seen.wrapping_sub(now) <= AHEAD || now.wrapping_sub(seen) < timeout.saturating_add(2)
+    timeout == 0 || age(seen, now) < timeout.saturating_add(2)
+}
+
+/// How many ticks before `now` an entry was last written at `seen`, as the program's ct_age()
+/// reckons it, with the sweep's allowance: 0 for a `seen` up to [`AHEAD`] ticks ahead (written
+/// during the walk, or by a CPU whose clock is a tick on).
+pub fn age(seen: u32, now: u32) -> u32 {
+    if seen.wrapping_sub(now) <= AHEAD {
+        0
+    } else {
+        now.wrapping_sub(seen)
+    }
 }
 
 /// How far ahead of the sweep's clock an entry's time may be and still be taken for one written

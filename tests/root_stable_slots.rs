@@ -43,6 +43,11 @@ const THREE: &str = "[10.99.0.11, 10.99.0.12, 10.99.0.13]";
 
 use common::{backend_mac as mac, pool};
 
+/// The conntrack pool with a fourth backend, 10.99.0.14: about a quarter of the slots change owner.
+fn with_b4() -> Pool {
+    pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1))
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
@@ -160,7 +165,7 @@ fn root_a_stable_slot_sends_established_flows_without_a_lookup() {
 fn root_a_changed_slot_is_looked_up_while_a_flow_tracked_elsewhere_lives() {
     for rule in [true, false] {
         let (mut dp, a) = setup();
-        let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+        let b = with_b4();
         let flows = moving(&a, &b, 0, 40);
         let others = staying(&a, &b, 0, 40);
         establish(&dp, &flows);
@@ -197,7 +202,7 @@ fn root_a_changed_slot_is_looked_up_while_a_flow_tracked_elsewhere_lives() {
 #[test]
 fn root_a_slot_that_changes_twice_keeps_the_flows_of_both_owners() {
     let (mut dp, a) = setup();
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     let first = moving(&a, &b, 0, 30);
     establish(&dp, &first);
     settle(&mut dp);
@@ -233,7 +238,7 @@ fn root_a_slot_that_changes_twice_keeps_the_flows_of_both_owners() {
 #[test]
 fn root_a_slot_becomes_stable_again_once_its_moved_flows_are_gone() {
     let (mut dp, a) = setup();
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     let flows = moving(&a, &b, 0, 20);
     establish(&dp, &flows);
     settle(&mut dp);
@@ -330,7 +335,7 @@ fn root_a_resized_table_is_looked_up_until_its_flows_are_seen_again() {
 fn root_sampled_packets_make_and_keep_entries_on_stable_slots() {
     let (mut dp, a) = setup();
     dp.set_conntrack_timeouts(Duration::from_secs(3), Duration::from_secs(30)).expect("timeouts");
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     settle(&mut dp);
     assert_eq!(dp.unstable_slots(), 0);
     let flows = moving(&a, &b, 0, 20);
@@ -369,7 +374,7 @@ fn root_a_handshake_during_a_syn_flood_keeps_its_backend_across_a_change() {
     let mut dp = common::tracked_plane(&p, 1 << 14, true, mac);
     std::thread::sleep(Duration::from_millis(120));
     let a = p;
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     settle(&mut dp);
     assert_eq!(dp.unstable_slots(), 0);
     let flows = moving(&a, &b, 0, 40);
@@ -455,7 +460,7 @@ fn root_a_hash_change_keeps_tracked_flows() {
 #[test]
 fn root_an_rst_on_a_stable_slot_does_not_end_the_entry() {
     let (mut dp, a) = setup();
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     let flows = moving(&a, &b, 0, 40);
     establish(&dp, &flows);
     settle(&mut dp);
@@ -486,7 +491,7 @@ fn root_an_rst_on_a_stable_slot_does_not_end_the_entry() {
 #[test]
 fn root_an_rst_on_a_stable_slot_follows_the_flows_entry() {
     let (mut dp, a) = setup();
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     let flows = moving(&a, &b, 0, 30);
     establish(&dp, &flows);
     settle(&mut dp);
@@ -533,7 +538,7 @@ fn root_an_upgrade_marks_the_words_only_after_the_switch() {
     let (mut next, _) = Balancer::load_with(1 << 20, lb::dataplane::DEFAULT_CONNTRACK_SIZE, Some(&reuse)).expect("load on the pins");
     assert!(next.unmarked());
     next.adopt(&a).expect("adopt");
-    let b = pool(&A.replacen(THREE, "[10.99.0.11, 10.99.0.12, 10.99.0.13, 10.99.0.14]", 1));
+    let b = with_b4();
     next.apply(&b).expect("apply");
     let web = next.installed().iter().find(|s| s.name == "web").expect("web").clone();
     let words = |dp: &Balancer| (web.base..web.base + web.slots).map(|i| dp.slot_word(i)).collect::<Vec<u32>>();
