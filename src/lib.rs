@@ -18,6 +18,7 @@ pub mod dataplane;
 pub mod diff;
 pub mod flowhash;
 pub mod health;
+pub mod load;
 pub mod metrics;
 pub mod plan;
 pub mod report;

@@ -200,7 +200,38 @@ pub struct Service {
     /// `second_chance: on` (GUE, TCP): packets carry a hop list of the other backends that may
     /// hold their connection, for the backends' `lb decap --second-chance`.
     pub second_chance: bool,
+    /// `agent:`: each backend is asked for its load, which scales its weight (src/load/).
+    pub agent: Option<AgentCheck>,
+    /// `slow_start:`: a backend that joins or comes back ramps up to its weight.
+    pub slow_start: Option<SlowStart>,
 }
+
+/// How a service's backends are asked for their load (`agent:`; docs/load.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentCheck {
+    /// The backend port the agent answers on.
+    pub port: u16,
+    /// Some: an HTTP/1.0 GET of this path, whose body's first line is the report; None: the
+    /// agent writes its line as soon as the connection opens.
+    pub path: Option<String>,
+    /// One report per backend per interval, at the same point of every node's wall clock.
+    pub interval: std::time::Duration,
+    pub timeout: std::time::Duration,
+}
+
+/// `slow_start:`: the ramp of a backend that joins the pool or comes back from down.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlowStart {
+    pub window: std::time::Duration,
+    /// The share of its weight it starts with, in percent.
+    pub min_percent: u32,
+    /// The curve's shape: 1 is a straight ramp, more rises faster at first.
+    pub aggression: f64,
+}
+
+/// Weights of services whose weights lb scales (agent or slow start) are written to the tables
+/// in units of 1/WEIGHT_STEPS of the configured weight: points of a percent.
+pub const WEIGHT_STEPS: u32 = 100;
 
 /// How a service's backends are probed (`health_check:`).
 #[derive(Debug, Clone, PartialEq)]
@@ -238,6 +269,11 @@ impl CheckKind {
 }
 
 impl Service {
+    /// Whether lb scales this service's weights at run time (an agent check or slow start).
+    pub fn load_aware(&self) -> bool {
+        self.agent.is_some() || self.slow_start.is_some()
+    }
+
     pub fn total_weight(&self) -> u64 {
         self.backends.iter().map(|b| b.weight as u64).sum()
     }

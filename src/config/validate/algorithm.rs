@@ -22,6 +22,8 @@ impl Validator<'_> {
     /// algorithm takes.
     pub(super) fn table_keys(&self, f: Fields<'_>, at: &FieldPath) -> Result<TableKeys, ConfigError> {
         let algorithm = match Self::get(f, "algorithm") {
+            // Tables whose weights lb scales at run time change often: bounded moves least.
+            None if Self::get(f, "agent").is_some() || Self::get(f, "slow_start").is_some() => Algorithm::Bounded,
             None => Algorithm::Ring,
             Some(n) => self.choice(
                 n,

@@ -15,6 +15,7 @@
 mod algorithm;
 mod backends;
 mod health_check;
+mod load;
 mod scalars;
 mod service;
 

@@ -25,6 +25,8 @@ const KEYS: &[&str] = &[
     "gue_port",
     "load_bound",
     "second_chance",
+    "agent",
+    "slow_start",
 ];
 
 /// Where a service listens: `name`, `vip`, `port` and `protocol`.
@@ -52,6 +54,8 @@ impl Validator<'_> {
             None => None,
             Some(n) => self.health_check(n, &at.key("health_check"), port, protocol)?,
         };
+        let agent = self.agent(f, at)?;
+        let slow_start = self.slow_start(f, at)?;
         let svc = Service {
             name: name.to_string(),
             vip,
@@ -68,8 +72,11 @@ impl Validator<'_> {
             forward,
             gue_port,
             second_chance,
+            agent,
+            slow_start,
         };
         self.ring_size(&svc, at)?;
+        self.scaled_ring_size(&svc, at)?;
         Ok(svc)
     }
 
