@@ -14,6 +14,7 @@ use lb::{diff, report, table};
 
 use settings::Settings;
 
+mod agent;
 mod daemon;
 mod decap;
 mod log;
@@ -72,6 +73,9 @@ enum Command {
     /// this host, when the packet inside is for this host too: the backend side of
     /// `forward: ipip | gue`, for hosts without the kernel's tunnel drivers.
     Decap(decap::DecapArgs),
+    /// Report a process's load to lb's agent checks (`agent:` in a service): a reference agent
+    /// that answers each connection with the process's capacity in percent.
+    Agent(agent::AgentArgs),
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
         #[arg(value_name = "OLD")]
@@ -128,6 +132,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             drop(out);
             return decap::run(args);
         }
+        Command::Agent(args) => {
+            drop(out);
+            return agent::run(args);
+        }
         Command::Check { config } => {
             let pool = load(&config)?;
             for s in &pool.services {
@@ -147,9 +155,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
                 None => pool.services.iter().collect(),
             };
+            // Built as lb serves them: load-aware services' weights in points (lb::load).
+            let served = lb::load::at_full_capacity(&pool);
+            let previous = pool.previous.as_deref().map(lb::load::at_full_capacity);
+            let build = |s: &Service| {
+                let s = served.service(&s.name).unwrap_or(s);
+                table::with_hops(s, table::build_service(s), previous.as_ref().and_then(|p| p.service(&s.name)))
+            };
             if json {
-                let services: Vec<serde_json::Value> =
-                    selected.iter().map(|s| report::table_json(s, &table::with_hops(s, table::build_service(s), pool.previous_of(s)))).collect();
+                let services: Vec<serde_json::Value> = selected.iter().map(|s| report::table_json(s, &build(s))).collect();
                 serde_json::to_writer(&mut out, &serde_json::json!({ "services": services }))
                     .context("writing JSON")?;
                 writeln!(out)?;
@@ -158,12 +172,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     if i > 0 {
                         writeln!(out)?;
                     }
-                    write!(out, "{}", report::table_text(s, &table::with_hops(s, table::build_service(s), pool.previous_of(s))))?;
+                    write!(out, "{}", report::table_text(s, &build(s)))?;
                 }
             }
         }
         Command::Diff { old, new, json } => {
-            let (a, b) = (load(&old)?, load(&new)?);
+            let (a, b) = (lb::load::at_full_capacity(&load(&old)?), lb::load::at_full_capacity(&load(&new)?));
             let diffs = diff::diff(&a, &b);
             if json {
                 serde_json::to_writer(&mut out, &report::diff_json(&diffs)).context("writing JSON")?;

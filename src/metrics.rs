@@ -46,8 +46,14 @@ pub struct BackendModel {
     pub address: String,
     /// As configured.
     pub weight: u32,
-    /// As served: 0 when draining or down (unless the service fails open).
-    pub effective_weight: u32,
+    /// As served: 0 when draining or down (unless the service fails open); scaled by the
+    /// agent's reports and slow start where a service has them.
+    pub effective_weight: f64,
+    /// Why the effective weight is not the configured one by load (`agent 35%, slow start
+    /// 40%`); empty when it is not adjusted.
+    pub load: String,
+    /// The capacity its agent last reported, in percent.
+    pub reported_capacity: Option<u32>,
     /// Slots of the service's table it owns.
     pub slots: u64,
     pub healthy: bool,
@@ -170,13 +176,28 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
         )?;
     }
     family(encoder, "lb_backend_weight", "Each backend's weight as configured", MetricType::Gauge, gauges(per_backend(&|_, b| b.weight as u64)))?;
+    let effective = model.services.iter().flat_map(|s| {
+        s.backends.iter().map(move |b| {
+            let mut l = s.labels();
+            l.push(("backend", b.identity.clone()));
+            (l, ConstGauge::new(b.effective_weight))
+        })
+    });
     family(
         encoder,
         "lb_backend_effective_weight",
-        "Each backend's weight as served (0 when draining or down)",
+        "Each backend's weight as served (0 when draining or down; scaled by its agent's reports and slow start where the service has them)",
         MetricType::Gauge,
-        gauges(per_backend(&|_, b| b.effective_weight as u64)),
+        effective,
     )?;
+    let reported = model.services.iter().flat_map(|s| {
+        s.backends.iter().filter_map(move |b| {
+            let mut l = s.labels();
+            l.push(("backend", b.identity.clone()));
+            b.reported_capacity.map(|c| (l, ConstGauge::new(c as i64)))
+        })
+    });
+    family(encoder, "lb_backend_reported_capacity", "The capacity each backend's load agent last reported, in percent", MetricType::Gauge, reported)?;
     family(encoder, "lb_backend_slots", "Slots of the service's destination table each backend owns", MetricType::Gauge, gauges(per_backend(&|_, b| b.slots)))?;
     family(encoder, "lb_backend_healthy", "1 when the backend passes its health checks (or is not checked)", MetricType::Gauge, gauges(per_backend(&|_, b| b.healthy as u64)))?;
     family(encoder, "lb_backend_draining", "1 when the backend's state is drain", MetricType::Gauge, gauges(per_backend(&|_, b| (b.state == "drain") as u64)))?;
@@ -283,7 +304,7 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
             let traffic_share = if total_pps > 0.0 { pps / total_pps * 100.0 } else { 0.0 };
             let health_class = if b.healthy { "up" } else { "down" };
             h.push_str(&format!(
-                "<tr class=\"backend\" data-backend=\"{}\" data-health=\"{}\"><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"{}\">{}</td><td>{} ({} served)</td>\
+                "<tr class=\"backend\" data-backend=\"{}\" data-health=\"{}\"><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"{}\">{}</td><td class=\"weight\">{} ({} served{})</td>\
                  <td class=\"bars\"><div class=\"bar table\" style=\"width:{:.1}%\" title=\"table {:.1}%\"></div><div class=\"bar traffic\" style=\"width:{:.1}%\" title=\"traffic {:.1}%\"></div>{:.1}% / {:.1}%</td><td>{:.0}</td></tr>",
                 e(&b.identity),
                 if b.healthy { "up" } else { "down" },
@@ -295,6 +316,7 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
                 e(&b.state),
                 b.weight,
                 b.effective_weight,
+                if b.load.is_empty() { String::new() } else { format!(": {}", e(&b.load)) },
                 table_share,
                 table_share,
                 traffic_share,
@@ -343,7 +365,9 @@ mod tests {
                         identity: "b1".into(),
                         address: "10.0.0.1".into(),
                         weight: 2,
-                        effective_weight: 2,
+                        effective_weight: 2.0,
+                        load: String::new(),
+                        reported_capacity: None,
                         slots: 60,
                         healthy: true,
                         health: "healthy".into(),
@@ -355,7 +379,9 @@ mod tests {
                         identity: "<b2 & \"x\">".into(),
                         address: "10.0.0.2".into(),
                         weight: 1,
-                        effective_weight: 0,
+                        effective_weight: 0.0,
+                        load: "agent 35%".to_string(),
+                        reported_capacity: Some(33),
                         slots: 40,
                         healthy: false,
                         health: "down (timeout)".into(),
@@ -374,6 +400,7 @@ mod tests {
             weight: 1,
             mac_known: true,
             health: None,
+            load: None,
             traffic: Traffic { packets, bytes: packets * 100 },
         };
         Snapshot {
@@ -426,7 +453,9 @@ mod tests {
             "lb_flow_table_entries 11",
             "lb_flow_table_capacity 262144",
             "lb_backend_weight{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 2",
-            "lb_backend_effective_weight{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 0",
+            "lb_backend_effective_weight{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 0.0",
+            "lb_backend_effective_weight{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 2.0",
+            "lb_backend_reported_capacity{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 33",
             "lb_backend_slots{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 60",
             "lb_backend_healthy{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 0",
             "lb_backend_draining{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 1",

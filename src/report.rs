@@ -38,6 +38,12 @@ pub fn service_summary(s: &Service) -> String {
             }
         }
     }
+    if let Some(a) = &s.agent {
+        let _ = write!(line, " agent={}:{}{} every {:?}", if a.path.is_some() { "http" } else { "tcp" }, a.port, a.path.as_deref().unwrap_or(""), a.interval);
+    }
+    if let Some(ss) = &s.slow_start {
+        let _ = write!(line, " slow_start={:?}", ss.window);
+    }
     if live == 0 {
         line.push_str(" [empty table: traffic to this service is dropped]");
     }
@@ -102,6 +108,12 @@ pub fn table_text(s: &Service, table: &Table) -> String {
     }
     let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
     let _ = writeln!(out, "  digest: {:016x}", crate::table::digest(table, &ids));
+    if s.load_aware() {
+        let _ = writeln!(
+            out,
+            "  weights as configured, at full capacity: lb serves each scaled by its agent's reports and slow start (the status page, --stats-interval and the log say how, and why)"
+        );
+    }
     out
 }
 
@@ -155,6 +167,12 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
     }
     let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
     v["digest"] = json!(format!("{:016x}", crate::table::digest(table, &ids)));
+    if let Some(a) = &s.agent {
+        v["agent"] = json!({"port": a.port, "path": a.path, "interval_seconds": a.interval.as_secs_f64(), "timeout_seconds": a.timeout.as_secs_f64()});
+    }
+    if let Some(ss) = &s.slow_start {
+        v["slow_start"] = json!({"window_seconds": ss.window.as_secs_f64(), "min_percent": ss.min_percent, "aggression": ss.aggression});
+    }
     v
 }
 

@@ -20,6 +20,8 @@ pub struct BackendCounters {
     pub mac_known: bool,
     /// For a service with health checks: `healthy`, or `down (reason)`.
     pub health: Option<String>,
+    /// For a load-aware service's adjusted backend: `served at 35%: agent 35%`.
+    pub load: Option<String>,
     pub traffic: Traffic,
 }
 
@@ -120,12 +122,13 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
             let who = if b.label == b.address.to_string() { b.label.clone() } else { format!("{} {}", b.label, b.address) };
             let _ = writeln!(
                 out,
-                "    backend {who} weight {}: packets {} ({}, {share:.1}%), bytes {}{}{}",
+                "    backend {who} weight {}: packets {} ({}, {share:.1}%), bytes {}{}{}{}",
                 b.weight,
                 b.traffic.packets,
                 rate(b.traffic.packets, before, seconds),
                 b.traffic.bytes,
                 b.health.as_ref().map_or(String::new(), |h| format!(" [{h}]")),
+                b.load.as_ref().map_or(String::new(), |l| format!(" [{l}]")),
                 if b.mac_known { "" } else { " [MAC unresolved]" }
             );
         }
@@ -274,6 +277,7 @@ mod tests {
             weight: 1,
             mac_known: label == "b1",
             health: (label == "b2").then(|| "down (timeout)".to_string()),
+            load: None,
             traffic: Traffic { packets, bytes: packets * 100 },
         };
         Snapshot {

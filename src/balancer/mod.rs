@@ -282,6 +282,7 @@ impl Balancer {
                     weight: b.weight,
                     mac_known: self.dp.mac(self.dp.neighbour_of(b.address)).is_some(),
                     health: None,
+                    load: None,
                     traffic: self.dp.traffic(b.id)?,
                 });
             }

@@ -1,7 +1,7 @@
 //! Phrases that several of the daemon's log lines share: a backend's label (start-up summary,
 //! health changes) and what a change wrote (reloads, health changes, adoption).
 
-use lb::config::Backend;
+use lb::config::{Backend, Pool};
 use lb::plan::Touched;
 
 /// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise.
@@ -10,6 +10,13 @@ pub(super) fn backend_label(b: &Backend) -> String {
         Some(n) => format!("{n} {}", b.address),
         None => b.address.to_string(),
     }
+}
+
+/// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise; by identity.
+pub(super) fn label_of(pool: &Pool, service: &str, identity: &str) -> String {
+    pool.service(service)
+        .and_then(|s| s.backends.iter().find(|b| b.identity() == identity))
+        .map_or(identity.to_string(), backend_label)
 }
 
 /// `web changed (b2 removed; 16827 slots written), dns added (65537 slots written)`.

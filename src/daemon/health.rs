@@ -15,8 +15,8 @@ use lb::config::Pool;
 use lb::health::{self, HealthMap, Transition};
 use lb::stats::Snapshot;
 
-use super::describe::backend_label;
-use super::probe::{Job, Key, Prober};
+use super::describe::{backend_label, label_of};
+use super::probe::{probe, Key, Prober};
 use crate::log::log;
 
 /// Health probes running at once, at most.
@@ -24,13 +24,15 @@ const PROBE_WORKERS: usize = 16;
 
 pub(super) struct Health {
     map: HealthMap,
-    prober: Prober,
+    prober: Prober<()>,
     /// When each checked backend is probed next.
     next_probe: HashMap<Key, Instant>,
     /// The earliest of those (None: nothing is checked); recomputed after every reload.
     probes_due: Option<Instant>,
     /// Services whose every backend is down, served as if all were up.
     failing_open: Vec<String>,
+    /// Backends that came back up since the last [`Health::take_recovered`].
+    recovered: Vec<Key>,
 }
 
 impl AsFd for Health {
@@ -38,13 +40,6 @@ impl AsFd for Health {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.prober.as_fd()
     }
-}
-
-/// `b1 10.0.0.1` for a named backend, `10.0.0.1` otherwise; by identity.
-fn label_of(pool: &Pool, service: &str, identity: &str) -> String {
-    pool.service(service)
-        .and_then(|s| s.backends.iter().find(|b| b.identity() == identity))
-        .map_or(identity.to_string(), backend_label)
 }
 
 impl Health {
@@ -56,6 +51,7 @@ impl Health {
             next_probe: HashMap::new(),
             probes_due: Some(Instant::now()),
             failing_open: Vec::new(),
+            recovered: Vec::new(),
         })
     }
 
@@ -81,7 +77,8 @@ impl Health {
                 let key = (s.name.clone(), b.identity());
                 let due = *self.next_probe.entry(key.clone()).or_insert(now);
                 let due = if due <= now {
-                    self.prober.submit(Job { key: key.clone(), addr: SocketAddr::new(b.address, check.port), check: check.clone() });
+                    let (addr, c) = (SocketAddr::new(b.address, check.port), check.clone());
+                    self.prober.submit(key.clone(), move || probe(addr, &c));
                     let again = now + check.interval;
                     self.next_probe.insert(key, again);
                     again
@@ -113,12 +110,18 @@ impl Health {
                 }
                 Some(Transition::Up { successes }) => {
                     log(format!("health: {} backend {label} is up after {successes} good probes; its slots come back", key.0));
+                    self.recovered.push(key.clone());
                     changed = true;
                 }
                 None => {}
             }
         }
         changed
+    }
+
+    /// The backends that came back up since the last call (slow start begins for them).
+    pub(super) fn take_recovered(&mut self) -> Vec<Key> {
+        std::mem::take(&mut self.recovered)
     }
 
     /// The pool with health applied, saying which services begin or stop failing open.

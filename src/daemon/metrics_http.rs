@@ -19,7 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use lb::config::{BackendState, Pool};
+use lb::config::{BackendState, Pool, WEIGHT_STEPS};
+use lb::load::{Adjustment, Key};
 use lb::health::HealthMap;
 use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
 use lb::stats::Snapshot;
@@ -51,6 +52,13 @@ struct ProbeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentLabels {
+    service: String,
+    backend: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabel {
     service: String,
 }
@@ -65,6 +73,7 @@ pub(super) struct Metrics {
     reload_apply: Histogram,
     probes: Family<ProbeLabels, Counter>,
     probe_latency: Family<ServiceLabel, Histogram>,
+    agent_answers: Family<AgentLabels, Counter>,
 }
 
 impl Metrics {
@@ -89,6 +98,10 @@ impl Metrics {
         let outcome = if ok { "success" } else { "failure" };
         self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
         self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(latency.as_secs_f64());
+    }
+
+    fn agent(&self, service: &str, backend: &str, outcome: &str) {
+        self.agent_answers.get_or_create(&AgentLabels { service: service.to_string(), backend: backend.to_string(), outcome: outcome.to_string() }).inc();
     }
 }
 
@@ -134,6 +147,7 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
         reload_apply: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
         probes: Family::default(),
         probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
+        agent_answers: Family::default(),
     };
     let mut registry = Registry::default();
     registry.register("lb_reloads", "Reloads of the pool file by result", m.reloads.clone());
@@ -142,6 +156,11 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
     registry.register("lb_reload_apply_seconds", "Time to apply a reload (tables built, planned, written)", m.reload_apply.clone());
     registry.register("lb_health_probes", "Health probes by service and outcome", m.probes.clone());
     registry.register("lb_health_probe_duration_seconds", "Health probe latency by service", m.probe_latency.clone());
+    registry.register(
+        "lb_agent_answers",
+        "Load agents' answers by service, backend and outcome: ok, garbage (a line lb could not read), failed (no line), late (after the interval's weights were decided)",
+        m.agent_answers.clone(),
+    );
     let plane = Arc::new(Scrape { maps, model, flows: Mutex::new((None, None)) });
     registry.register_collector(Box::new(plane.clone()));
     let site = Arc::new(Site { registry: Mutex::new(registry), plane, samples: Mutex::new((None, None)) });
@@ -251,13 +270,19 @@ impl Publisher {
         }
     }
 
-    /// Publishes what is configured and served.
-    pub(super) fn publish(&self, dp: &Plane, configured: &Pool, health: &HealthMap) {
-        let Some(m) = &self.metrics else { return };
-        m.publish(self.model(dp, configured, health));
+    pub(super) fn agent(&self, service: &str, backend: &str, outcome: &str) {
+        if let Some(m) = &self.metrics {
+            m.agent(service, backend, outcome);
+        }
     }
 
-    fn model(&self, dp: &Plane, configured: &Pool, health: &HealthMap) -> Model {
+    /// Publishes what is configured and served.
+    pub(super) fn publish(&self, dp: &Plane, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) {
+        let Some(m) = &self.metrics else { return };
+        m.publish(self.model(dp, configured, health, load));
+    }
+
+    fn model(&self, dp: &Plane, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) -> Model {
         let mut services = Vec::new();
         for live in dp.installed() {
             let Some(conf) = configured.service(&live.name) else { continue };
@@ -271,14 +296,20 @@ impl Publisher {
                 .map(|b| {
                     let configured = conf.backends.iter().find(|c| c.identity() == b.identity);
                     let checked = conf.health_check.is_some();
-                    let h = health.get(&(live.name.clone(), b.identity.clone()));
+                    let key = (live.name.clone(), b.identity.clone());
+                    let h = health.get(&key);
                     let healthy = h.is_none_or(|h| h.healthy);
+                    let adjusted = load.get(&key);
+                    // Weights of load-aware services are written in steps (lb::load).
+                    let steps = if conf.load_aware() { WEIGHT_STEPS } else { 1 };
                     BackendModel {
                         id: b.id,
                         identity: b.identity.clone(),
                         address: b.address.to_string(),
                         weight: configured.map_or(b.weight, |c| c.weight),
-                        effective_weight: if live.empty { 0 } else { b.weight * (b.state == BackendState::Active) as u32 },
+                        effective_weight: if live.empty { 0.0 } else { (b.weight * (b.state == BackendState::Active) as u32) as f64 / steps as f64 },
+                        load: adjusted.map_or(String::new(), |a| a.why()),
+                        reported_capacity: adjusted.and_then(|a| a.reported),
                         slots: owned.get(&b.id).copied().unwrap_or(0),
                         healthy,
                         health: if !checked { "not checked".to_string() } else { h.map_or("healthy".to_string(), |h| h.describe()) },

@@ -17,6 +17,8 @@
 //! - neighbours.rs: next hops and MACs, followed through netlink events and refreshes.
 //! - encap.rs: outer source addresses and the MTU for encapsulated forwarding.
 //! - health.rs, probe.rs: when to probe, the probes' threads, the pool with health applied.
+//! - agents.rs: the load agents (asked on probe.rs's threads) and slow start: the pool with
+//!   load applied, decided by lb::load.
 //! - announce.rs: the VIPs as host addresses of the --announce device.
 //! - pinning.rs: --pin: lock, adopt, pin, leave the data plane behind.
 //! - metrics_http.rs: the --metrics thread and what the loop publishes to it; http.rs: the
@@ -31,6 +33,7 @@
 //! module imports startup, serve, state, reload and pinning. The data plane
 //! is `crate::plane::Plane` everywhere.
 
+mod agents;
 mod announce;
 pub(crate) use announce::state_path as announce_state_path;
 mod describe;

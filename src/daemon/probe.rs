@@ -1,6 +1,7 @@
-//! Health probes for `lb attach`: a few worker threads run blocking probes (a TCP connect, or
-//! an HTTP/1.0 GET) with a timeout each, so the serve loop never waits on a backend. Results
-//! come back on a channel, and a byte on a pipe wakes the loop's poll.
+//! Probes for `lb attach`: a few worker threads run blocking probes (health checks here: a TCP
+//! connect, or an HTTP/1.0 GET; agents' load reports in agents.rs) with a timeout each, so the
+//! serve loop never waits on a backend. Results come back on a channel, and a byte on a pipe
+//! wakes the loop's poll.
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -18,29 +19,27 @@ use lb::config::{CheckKind, HealthCheck};
 /// (service name, backend identity)
 pub(super) type Key = (String, String);
 
-pub(super) struct Job {
-    pub(super) key: Key,
-    pub(super) addr: SocketAddr,
-    pub(super) check: HealthCheck,
-}
+/// One probe to run: the backend it is for, and the work.
+type Job<T> = (Key, Box<dyn FnOnce() -> Result<T, String> + Send>);
 
-pub(super) struct Prober {
-    jobs: Sender<Job>,
-    results: Receiver<(Key, Result<(), String>, Duration)>,
+/// Runs probes whose results are `T` (a health check's is `()`, an agent's its line).
+pub(super) struct Prober<T> {
+    jobs: Sender<Job<T>>,
+    results: Receiver<(Key, Result<T, String>, Duration)>,
     wake_read: OwnedFd,
     in_flight: HashSet<Key>,
 }
 
-impl AsFd for Prober {
+impl<T> AsFd for Prober<T> {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.wake_read.as_fd()
     }
 }
 
-impl Prober {
+impl<T: Send + 'static> Prober<T> {
     /// At most `workers` probes run at once.
-    pub(super) fn new(workers: usize) -> Result<Prober> {
-        let (jobs, job_rx) = channel::<Job>();
+    pub(super) fn new(workers: usize) -> Result<Prober<T>> {
+        let (jobs, job_rx) = channel::<Job<T>>();
         let (result_tx, results) = channel();
         let (wake_read, wake_write) = nix::unistd::pipe().context("creating the probes' wake-up pipe")?;
         fcntl(std::os::fd::AsRawFd::as_raw_fd(&wake_read), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
@@ -49,7 +48,7 @@ impl Prober {
         for _ in 0..workers.max(1) {
             let (job_rx, result_tx, wake_write) = (job_rx.clone(), result_tx.clone(), wake_write.clone());
             std::thread::spawn(move || loop {
-                let job = match job_rx.lock() {
+                let (key, work) = match job_rx.lock() {
                     Ok(rx) => match rx.recv() {
                         Ok(j) => j,
                         Err(_) => return, // the prober is gone
@@ -57,8 +56,8 @@ impl Prober {
                     Err(_) => return,
                 };
                 let started = Instant::now();
-                let r = probe(job.addr, &job.check);
-                if result_tx.send((job.key, r, started.elapsed())).is_err() {
+                let r = work();
+                if result_tx.send((key, r, started.elapsed())).is_err() {
                     return;
                 }
                 let _ = nix::unistd::write(&*wake_write, &[1]);
@@ -68,14 +67,14 @@ impl Prober {
     }
 
     /// Queues a probe unless one for the same backend is still running.
-    pub(super) fn submit(&mut self, job: Job) {
-        if self.in_flight.insert(job.key.clone()) {
-            let _ = self.jobs.send(job);
+    pub(super) fn submit(&mut self, key: Key, work: impl FnOnce() -> Result<T, String> + Send + 'static) {
+        if self.in_flight.insert(key.clone()) {
+            let _ = self.jobs.send((key, Box::new(work)));
         }
     }
 
     /// Every result that arrived, with how long its probe took.
-    pub(super) fn drain(&mut self) -> Vec<(Key, Result<(), String>, Duration)> {
+    pub(super) fn drain(&mut self) -> Vec<(Key, Result<T, String>, Duration)> {
         let mut buf = [0u8; 256];
         while matches!(nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&self.wake_read), &mut buf), Ok(n) if n > 0) {}
         let out: Vec<_> = self.results.try_iter().collect();
@@ -86,44 +85,71 @@ impl Prober {
     }
 }
 
-/// One probe, bounded by the check's timeout in all.
-pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String> {
-    let deadline = Instant::now() + check.timeout;
-    let describe = |e: std::io::Error| match e.kind() {
+/// An I/O error as a probe's result says it: `connection refused`, `timeout`, ...
+pub(super) fn describe(e: std::io::Error) -> String {
+    match e.kind() {
         std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
         std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => "timeout".to_string(),
         _ => e.to_string().split(" (os error").next().unwrap_or_default().to_lowercase(),
-    };
-    let mut stream = TcpStream::connect_timeout(&addr, check.timeout).map_err(describe)?;
-    if check.kind == CheckKind::Tcp {
-        return Ok(());
     }
-    let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    stream.set_write_timeout(Some(left())).map_err(describe)?;
+}
+
+/// A connection to `addr` within `timeout`, and a deadline for everything after.
+pub(super) fn connect(addr: SocketAddr, timeout: Duration) -> Result<(TcpStream, Instant), String> {
+    let deadline = Instant::now() + timeout;
+    Ok((TcpStream::connect_timeout(&addr, timeout).map_err(describe)?, deadline))
+}
+
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+}
+
+/// Sends an HTTP/1.0 GET of `path` as `agent` (the User-Agent).
+pub(super) fn send_get(stream: &mut TcpStream, addr: SocketAddr, path: &str, agent: &str, deadline: Instant) -> Result<(), String> {
+    stream.set_write_timeout(Some(left(deadline))).map_err(describe)?;
     let host = match addr {
         SocketAddr::V4(a) => a.ip().to_string(),
         SocketAddr::V6(a) => format!("[{}]", a.ip()),
     };
-    let request = format!("GET {} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: lb-health\r\nConnection: close\r\n\r\n", check.path);
-    stream.write_all(request.as_bytes()).map_err(describe)?;
-    // The status line is all that is needed.
-    let mut head = Vec::new();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: {agent}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).map_err(describe)
+}
+
+/// Reads until `enough` says the bytes suffice, the peer closes, or `limit` bytes.
+pub(super) fn read_until(stream: &mut TcpStream, deadline: Instant, limit: usize, enough: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>, String> {
+    let mut got = Vec::new();
     let mut chunk = [0u8; 512];
-    while !head.contains(&b'\n') && head.len() < 4096 {
-        stream.set_read_timeout(Some(left())).map_err(describe)?;
+    while !enough(&got) && got.len() < limit {
+        stream.set_read_timeout(Some(left(deadline))).map_err(describe)?;
         match stream.read(&mut chunk) {
             Ok(0) => break,
-            Ok(n) => head.extend_from_slice(&chunk[..n]),
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
             Err(e) => return Err(describe(e)),
         }
     }
-    let line = String::from_utf8_lossy(&head);
-    let code = line
-        .split_whitespace()
+    Ok(got)
+}
+
+/// The status code of an HTTP answer's status line.
+pub(super) fn status_code(head: &[u8]) -> Result<u16, String> {
+    let line = String::from_utf8_lossy(head);
+    line.split_whitespace()
         .nth(1)
         .filter(|_| line.starts_with("HTTP/"))
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| "no HTTP status line in the answer".to_string())?;
+        .ok_or_else(|| "no HTTP status line in the answer".to_string())
+}
+
+/// One probe, bounded by the check's timeout in all.
+pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String> {
+    let (mut stream, deadline) = connect(addr, check.timeout)?;
+    if check.kind == CheckKind::Tcp {
+        return Ok(());
+    }
+    send_get(&mut stream, addr, &check.path, "lb-health", deadline)?;
+    // The status line is all that is needed.
+    let head = read_until(&mut stream, deadline, 4096, |b| b.contains(&b'\n'))?;
+    let code = status_code(&head)?;
     if (check.expect.0..=check.expect.1).contains(&code) {
         Ok(())
     } else {
@@ -204,10 +230,12 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         let mut p = Prober::new(2).expect("prober");
         for i in 0..3 {
-            p.submit(Job { key: ("web".into(), format!("b{i}")), addr, check: check(CheckKind::Tcp, (200, 399)) });
+            let c = check(CheckKind::Tcp, (200, 399));
+            p.submit(("web".into(), format!("b{i}")), move || probe(addr, &c));
         }
         // A second job for a backend still in flight is not queued.
-        p.submit(Job { key: ("web".into(), "b0".into()), addr, check: check(CheckKind::Tcp, (200, 399)) });
+        let c = check(CheckKind::Tcp, (200, 399));
+        p.submit(("web".into(), "b0".into()), move || probe(addr, &c));
         let mut got = Vec::new();
         let end = Instant::now() + Duration::from_secs(5);
         while got.len() < 3 && Instant::now() < end {

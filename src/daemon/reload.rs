@@ -130,6 +130,7 @@ fn apply(d: &mut Daemon, why: &str, pool: Pool, via: HashMap<IpAddr, IpAddr>, so
     let applying = Instant::now();
     let previous = std::mem::replace(&mut d.configured, pool.clone());
     let kept = d.health.renew(&pool);
+    let loads = d.agents.renew(&previous, &pool);
     if let Some(a) = d.announcer.as_mut() {
         let keep: BTreeSet<IpAddr> = vips_of(&pool).intersection(&vips_of(&previous)).copied().collect();
         a.sync(&mut d.nl, &keep)?;
@@ -157,6 +158,7 @@ fn apply(d: &mut Daemon, why: &str, pool: Pool, via: HashMap<IpAddr, IpAddr>, so
         Err(e) => {
             d.configured = previous;
             d.health.restore(kept);
+            d.agents.restore(loads);
             log(format!("reload refused ({why}): {e:#}; the current tables keep serving"));
             d.metrics.reload(ReloadResult::Refused, None);
         }

@@ -1,5 +1,5 @@
 //! The one poll loop of `lb attach`: it waits on the signalfd, the neighbour events, the
-//! probes' results and the pool file's watches, and on the timers (the data plane's clock, the
+//! probes' results, the load agents' answers and the pool file's watches, and on the timers (the data plane's clock, the
 //! periodic re-check of the file, the neighbour refresh, the stats), and hands each to its room.
 //! It decides nothing itself.
 
@@ -48,7 +48,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         let now = Instant::now();
         let mut wake = next_refresh.min(next_recheck).min(next_tick).min(next_sweep);
         // The probes that are due are queued here, before the wait.
-        for t in [stats.next(), debounce.due(), d.health.schedule(now, &d.configured)].into_iter().flatten() {
+        for t in [stats.next(), debounce.due(), d.health.schedule(now, &d.configured), d.agents.schedule(&d.configured)].into_iter().flatten() {
             wake = wake.min(t);
         }
         wait(d, signals, watcher.as_ref(), wake.saturating_duration_since(now))?;
@@ -62,6 +62,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         }
         d.on_neighbour_events()?;
         d.on_probe_results()?;
+        d.on_agent_answers()?;
         if let Some(w) = &mut watcher {
             let seen = w.read();
             if seen.lost {
@@ -106,6 +107,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         if stats.due(now) {
             let mut snap = d.dp.snapshot()?;
             d.health.annotate(&d.configured, &mut snap);
+            d.agents.annotate(&d.configured, &mut snap);
             stats.print(now, snap)?;
         }
     }
@@ -117,6 +119,7 @@ fn wait(d: &Daemon, signals: &SignalFd, watcher: Option<&Watcher>, timeout: Dura
         PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         PollFd::new(d.neighbours.as_fd(), PollFlags::POLLIN),
         PollFd::new(d.health.as_fd(), PollFlags::POLLIN),
+        PollFd::new(d.agents.as_fd(), PollFlags::POLLIN),
     ];
     if let Some(w) = watcher {
         fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));

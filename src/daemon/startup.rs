@@ -19,6 +19,7 @@ use lb::{report, table};
 use super::announce::{vips_of, Announcer};
 use super::describe::backend_label;
 use super::encap::{interface_mtu, sources_for, Encap, EncapSources};
+use super::agents::Agents;
 use super::health::Health;
 use super::metrics_http::{self, Metrics, Publisher};
 use super::neighbours::{distinct_neighbours, next_hops, resolve_initial, Neighbours};
@@ -75,9 +76,13 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
     let encap = Encap::start(&mut dp, sources, interface_mtu(&ifc))?;
     let mut neighbours = Neighbours::new(events, list);
     neighbours.set_via(&mut dp, via)?;
+    // Load-aware services' weights are written in steps from the start, at full capacity
+    // until their agents answer (lb::load).
+    let agents = Agents::new(&pool)?;
+    let served = lb::load::at_full_capacity(&pool);
     let attachment = match (&pinning, found) {
-        (Some(p), Some(f)) => pinning::adopt(&mut dp, &pool, &ifc, &macs, p, f, &fresh, started_ms)?,
-        _ => attach_new(settings, &mut dp, &pool, &ifc, &macs, pinning.as_ref(), started_ms)?,
+        (Some(p), Some(f)) => pinning::adopt(&mut dp, &served, &ifc, &macs, p, f, &fresh, started_ms)?,
+        _ => attach_new(settings, &mut dp, &served, &ifc, &macs, pinning.as_ref(), started_ms)?,
     };
     log_pool(&pool, &neighbours, &macs, &encap);
     // Announced only now: the program is attached and serving every VIP.
@@ -94,7 +99,7 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
         if settings.pin.is_some() { "stops lb and leaves the data plane pinned (lb detach removes it)" } else { "detaches" }
     ));
     let metrics = Publisher::new(metrics, &ifc.name, attachment.mode(), settings.conntrack_size);
-    let daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: Health::new()?, announcer, metrics };
+    let daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: Health::new()?, agents, announcer, metrics };
     Ok(Some(Started { daemon, attachment, pinning, signals, watcher }))
 }
 

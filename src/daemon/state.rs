@@ -10,6 +10,7 @@ use lb::dataplane::link::{self, mac_text, Interface};
 use lb::dataplane::netlink;
 use lb::plan::Touched;
 
+use super::agents::Agents;
 use super::announce::Announcer;
 use super::describe::describe_touched;
 use super::encap::Encap;
@@ -31,27 +32,30 @@ pub(super) struct Daemon<'a> {
     pub(super) neighbours: Neighbours,
     pub(super) encap: Encap,
     pub(super) health: Health,
+    pub(super) agents: Agents,
     pub(super) announcer: Option<Announcer>,
     pub(super) metrics: Publisher,
 }
 
 impl Daemon<'_> {
-    /// Installs the configured pool with health applied; returns what that changed. A failure
-    /// to apply a health change is logged and leaves the tables being served (None); any other
-    /// failure is the caller's.
+    /// Installs the configured pool with health and load applied; returns what that changed.
+    /// A failure to apply a health or load change is logged and leaves the tables being served
+    /// (None); any other failure (a reload's) is the caller's.
     pub(super) fn install_effective(&mut self, why: &str) -> Result<Option<Vec<Touched>>> {
         let pool = self.health.effective(&self.configured);
+        let pool = self.agents.apply(&self.configured, &pool);
         let applying = std::time::Instant::now();
+        let automatic = why == "health" || why == "load";
         match self.dp.apply(&pool) {
             Ok(applied) => {
                 self.publish();
-                if why == "health" {
-                    log(format!("health: applied in {:.1} ms: {}", applying.elapsed().as_secs_f64() * 1e3, describe_touched(&applied.touched)));
+                if automatic && (why == "health" || !applied.touched.is_empty()) {
+                    log(format!("{why}: applied in {:.1} ms: {}", applying.elapsed().as_secs_f64() * 1e3, describe_touched(&applied.touched)));
                 }
                 Ok(Some(applied.touched))
             }
-            Err(e) if why == "health" => {
-                log(format!("health: could not apply ({e:#}); the current tables keep serving"));
+            Err(e) if automatic => {
+                log(format!("{why}: could not apply ({e:#}); the current tables keep serving"));
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -60,14 +64,28 @@ impl Daemon<'_> {
 
     /// Publishes what is configured and served to the metrics thread.
     pub(super) fn publish(&self) {
-        self.metrics.publish(&self.dp, &self.configured, self.health.map());
+        self.metrics.publish(&self.dp, &self.configured, self.health.map(), self.agents.adjustments());
     }
 
     /// Takes the probe results that arrived, and installs the pool again if a backend changed.
     pub(super) fn on_probe_results(&mut self) -> Result<()> {
         let metrics = &self.metrics;
         if self.health.results(&self.configured, |service, ok, took| metrics.probe(service, ok, took)) {
+            for key in self.health.take_recovered() {
+                self.agents.recovered(&self.configured, &key);
+            }
             self.install_effective("health")?;
+        }
+        Ok(())
+    }
+
+    /// Takes the load agents' answers, and installs the pool again once an interval's weights
+    /// are decided.
+    pub(super) fn on_agent_answers(&mut self) -> Result<()> {
+        let metrics = &self.metrics;
+        self.agents.answers(&self.configured, |service, backend, outcome, _| metrics.agent(service, backend, outcome.as_str()));
+        if self.agents.due(&self.configured) {
+            self.install_effective("load")?;
         }
         Ok(())
     }

@@ -103,6 +103,7 @@ impl CounterMaps {
                     weight: b.weight,
                     mac_known: b.mac_known,
                     health: None,
+                    load: None,
                     traffic: t,
                 });
             }
