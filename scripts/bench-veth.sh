@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packets per second through lb on a veth pair, against a floor program (swap MACs, XDP_TX) on
 # the same interface in the same run. A generator namespace sends identical 64-byte UDP frames
-# to the VIP with BPF_PROG_TEST_RUN's live-frame mode (examples/e2e.rs trafgen: xdp-trafficgen
+# to the VIP with BPF_PROG_TEST_RUN's live-frame mode (examples/e2e/ trafgen: xdp-trafficgen
 # 1.3.1 from Debian does not load on this kernel); the load balancer's namespace receives them
 # in native XDP. Packets processed per second are read from the veth's own XDP counters, the
 # same way for both programs. Frames sent back (XDP_TX) are dropped at the generator's end,

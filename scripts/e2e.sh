@@ -27,7 +27,7 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
 
 # The shared helpers first, then a file per feature.
-for part in lib basic reload lifecycle health conntrack encap pin metrics fleet second_chance; do
+for part in lib basic reload lifecycle health conntrack encap pin metrics fleet second_chance load; do
     # shellcheck source=/dev/null # each is checked on its own
     source "scripts/e2e/$part.sh"
 done
@@ -82,6 +82,10 @@ TESTS=(
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic on"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native off"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic off"
+    "test_load_a_slower_backend_gets_less native"
+    "test_load_slow_start_and_what_agents_say native"
+    "test_load_slow_start_and_what_agents_say generic"
+    "test_load_two_nodes_reading_the_same_agents_agree native"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

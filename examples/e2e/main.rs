@@ -13,6 +13,8 @@
 //!   whether only the flows that had to move did.
 //! - `hold`: long-lived connections (with `--udp`, UDP flows) that keep talking; fails if any breaks
 //!   or changes backend.
+//! - `work-serve` and `load` (work.rs): a backend whose requests cost real CPU work, and an
+//!   open-loop client that records each request's backend and latency.
 //! - `xdp-pass IFACE`: attaches a two-instruction XDP_PASS program to IFACE in driver mode (what a
 //!   veth peer needs for native XDP_TX frames to arrive).
 
@@ -26,6 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+mod work;
 use clap::{Parser, Subcommand};
 use nix::sys::socket::{setsockopt, sockopt};
 
@@ -165,6 +169,36 @@ enum Cmd {
     XdpFloor {
         iface: String,
     },
+    /// An HTTP/1.0 server on PORT that does KILO_ROUNDS thousand rounds of work per request, one
+    /// request at a time, and answers `NAME CHECKSUM`.
+    WorkServe {
+        name: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        kilo_rounds: u64,
+    },
+    /// RATE new connections a second to VIP:PORT for SECONDS (a GET each); one line per
+    /// request to OUT: `START_MS BACKEND LATENCY_MS`.
+    Load {
+        #[arg(long)]
+        vip: IpAddr,
+        #[arg(long)]
+        port: u16,
+        /// The source address (default: the kernel's choice).
+        #[arg(long)]
+        source: Option<IpAddr>,
+        #[arg(long)]
+        rate: f64,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long, default_value_t = 256)]
+        workers: usize,
+        #[arg(long, default_value_t = 5.0)]
+        timeout: f64,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Sends frames out of IFACE as fast as BPF_PROG_TEST_RUN's live-frame mode can, for
     /// SECONDS; prints the packets sent per second. Identical UDP frames, or with --flows or
     /// --new-every, TCP frames of many flows (src/bpf/trafgen.bpf.c).
@@ -270,6 +304,11 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Cmd::XdpPass { iface } => xdp_pass(&iface),
         Cmd::XdpFloor { iface } => xdp_floor(&iface),
+        Cmd::WorkServe { name, port, kilo_rounds } => {
+            let listener = dual_stack_listener(port).with_context(|| format!("listening on {port}"))?;
+            work::work_serve(listener, &name, kilo_rounds)
+        }
+        Cmd::Load { vip, port, source, rate, seconds, workers, timeout, out } => work::load(vip, port, source, rate, seconds, workers, Duration::from_secs_f64(timeout), &out),
         Cmd::Trafgen { iface, dst_mac, src, dst, dport, seconds, total, flows, new_every, warmup, pairs, udp, cpus, batch, stop_file } => {
             let gen = Gen { flows, new_every, warmup, pairs, udp, cpus, batch, stop_file };
             trafgen(&iface, &dst_mac, src, dst, dport, seconds, total, gen)
