@@ -6,12 +6,13 @@
 //!
 //! Two measures, both from /proc:
 //! - with `--request-cpu SECS` (the CPU time a request takes on a server at full speed), the
-//!   process's speed: CPU time it used per connection this network namespace accepted over the
-//!   interval, against that figure. A server three times slower reports 33%, however loaded,
+//!   process's speed: CPU time it used (its CPU clock: every thread, those that exited too) per
+//!   connection this network namespace accepted over the interval, against that figure. A server three times slower reports 33%, however loaded,
 //!   so a pool's weights follow the servers' speeds (its share of new connections, a third).
 //! - without it, what is left: 100% less the process's CPU use over the interval, of `--cpus`.
 //!
-//! It answers over plain TCP (the line at once) and HTTP (a GET gets the line as a 200's body).
+//! It answers over plain TCP (the line at once), or with `--http` over HTTP (a GET gets the line
+//! as a 200's body). A process that is gone (or whose PID another process now has) is `down`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -30,14 +31,13 @@ use crate::settings::seconds;
 
 /// How long a client may take to send an HTTP request, or to be told its line.
 const CLIENT_DEADLINE: Duration = Duration::from_millis(200);
-/// How long a connection is watched for the start of an HTTP request before it is given the
-/// plain line.
-const HTTP_GRACE: Duration = Duration::from_millis(20);
+/// Connections answered per wake of the loop, at most.
+const ACCEPTS_PER_WAKE: usize = 64;
 
 /// `lb agent`'s flags.
 #[derive(clap::Args)]
 pub struct AgentArgs {
-    /// The process whose load is reported (its threads' CPU time, from /proc/PID/task).
+    /// The process whose load is reported (its CPU clock: all its threads' CPU time).
     #[arg(long, value_name = "PID")]
     pid: u32,
     /// Where to answer lb's agent checks.
@@ -51,6 +51,10 @@ pub struct AgentArgs {
     /// process's speed against it instead of its idle CPU.
     #[arg(long, value_name = "SECS", value_parser = seconds)]
     request_cpu: Option<Duration>,
+    /// The figure is measured over the last SECS (at least an interval), so that one interval's
+    /// few requests do not make it wander; it is still answered anew each interval.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+    window: Duration,
     /// Without --request-cpu: the CPUs the process may use, against which its CPU use counts.
     #[arg(long, value_name = "N", default_value = "1", value_parser = clap::value_parser!(u32).range(1..=4096))]
     cpus: u32,
@@ -58,24 +62,19 @@ pub struct AgentArgs {
     /// operator takes a backend out by hand. Read at each interval's start, like the measure.
     #[arg(long, value_name = "FILE")]
     override_file: Option<PathBuf>,
+    /// Answer HTTP (a GET gets the line as a 200's body; `agent: {path: ...}` in the pool)
+    /// instead of plain TCP (the line as soon as the connection opens).
+    #[arg(long)]
+    http: bool,
 }
 
-/// One reading: the process's CPU seconds and the namespace's accepted connections.
+/// One reading: the process's CPU seconds and the namespace's accepted connections (less the
+/// agent's own, counted since it started), and when, in Unix milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Reading {
     cpu: f64,
     accepted: u64,
-}
-
-/// utime + stime of a /proc/PID/stat text, in clock ticks.
-fn cpu_ticks(stat: &str) -> Option<u64> {
-    // The command name may hold spaces and parentheses: fields count from the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    at_ms: u64,
 }
 
 /// Tcp PassiveOpens of a /proc/net/snmp text.
@@ -86,13 +85,14 @@ fn passive_opens(snmp: &str) -> Option<u64> {
     values.split_whitespace().nth(at)?.parse().ok()
 }
 
-/// The capacity in percent over one interval: by speed against `request_cpu`, else idle CPU.
-/// None: nothing to judge by (no connection accepted, for speed).
-fn capacity(before: Reading, after: Reading, own: u64, seconds: f64, request_cpu: Option<f64>, cpus: u32) -> Option<u32> {
+/// The capacity in percent between two readings: by speed against `request_cpu`, else idle
+/// CPU. None: nothing to judge by (no connection accepted, for speed).
+fn capacity(before: Reading, after: Reading, request_cpu: Option<f64>, cpus: u32) -> Option<u32> {
     let used = (after.cpu - before.cpu).max(0.0);
+    let seconds = (after.at_ms.saturating_sub(before.at_ms) as f64 / 1e3).max(1e-3);
     match request_cpu {
         Some(full) => {
-            let served = after.accepted.saturating_sub(before.accepted).saturating_sub(own);
+            let served = after.accepted.saturating_sub(before.accepted);
             if served == 0 {
                 return None;
             }
@@ -110,42 +110,66 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Why a reading failed: the process is gone (answer `down`), or a read that may work next time.
+enum Failed {
+    Gone,
+    Transient(anyhow::Error),
+}
+
 struct Meter {
     pid: u32,
-    tick: f64,
+    /// The process's start time (field 22 of its stat): a PID reused by another process is not
+    /// measured as if it were the same one.
+    started: u64,
+    clock: nix::time::ClockId,
+}
+
+/// Field 22 of a /proc/PID/stat text: the start time, in clock ticks after boot.
+fn start_time(stat: &str) -> Option<u64> {
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Meter {
-    /// The process's CPU seconds: its threads' run time in nanoseconds from schedstat where the
-    /// kernel keeps it, else utime + stime in clock ticks.
-    fn cpu(&self) -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).with_context(|| format!("process {} is gone", self.pid))?;
-        let precise = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok().and_then(|tasks| {
-            let mut ns = 0u64;
-            for t in tasks.flatten() {
-                let text = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
-                ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
-            }
-            Some(ns as f64 / 1e9)
-        });
-        match precise {
-            Some(s) => Ok(s),
-            None => Ok(cpu_ticks(&stat).with_context(|| format!("cannot read /proc/{}/stat", self.pid))? as f64 / self.tick),
-        }
+    fn new(pid: u32) -> Result<Meter> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("no process {pid}"))?;
+        let started = start_time(&stat).with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+        // The process's CPU clock: all its threads, those that exited included, in nanoseconds.
+        let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid as i32)).with_context(|| format!("the CPU clock of process {pid}"))?;
+        Ok(Meter { pid, started, clock })
     }
 
-    fn read(&self) -> Result<Reading> {
-        let cpu = self.cpu()?;
-        let snmp = std::fs::read_to_string("/proc/net/snmp").context("reading /proc/net/snmp")?;
-        let accepted = passive_opens(&snmp).context("no Tcp PassiveOpens in /proc/net/snmp")?;
-        Ok(Reading { cpu, accepted })
+    fn read(&self) -> Result<Reading, Failed> {
+        match std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
+            Ok(stat) if start_time(&stat) == Some(self.started) => {}
+            Ok(_) => return Err(Failed::Gone),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Failed::Gone),
+            Err(e) => return Err(Failed::Transient(e.into())),
+        }
+        let cpu = match nix::time::clock_gettime(self.clock) {
+            Ok(t) => t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9,
+            Err(nix::errno::Errno::EINVAL) => return Err(Failed::Gone),
+            Err(e) => return Err(Failed::Transient(e.into())),
+        };
+        let snmp = std::fs::read_to_string("/proc/net/snmp").map_err(|e| Failed::Transient(e.into()))?;
+        let accepted = passive_opens(&snmp).ok_or_else(|| Failed::Transient(anyhow::anyhow!("no Tcp PassiveOpens in /proc/net/snmp")))?;
+        Ok(Reading { cpu, accepted, at_ms: unix_ms() })
     }
 }
 
+/// The first line of the override file, if it exists.
+fn override_line(file: Option<&PathBuf>) -> Option<String> {
+    file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.lines().next().unwrap_or_default().to_string())
+}
+
 pub fn run(args: AgentArgs) -> Result<ExitCode> {
-    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
-    let meter = Meter { pid: args.pid, tick };
-    let mut before = meter.read()?;
+    let meter = Meter::new(args.pid)?;
+    let first = meter.read().map_err(|e| match e {
+        Failed::Gone => anyhow::anyhow!("process {} is gone", args.pid),
+        Failed::Transient(e) => e,
+    })?;
+    // The readings of the last --window, oldest first: the figure is measured over all of it.
+    let mut readings = std::collections::VecDeque::from([first]);
+    let window_ms = (args.window.max(args.interval).as_millis() as u64).max(1);
     let listener = TcpListener::bind(args.listen).with_context(|| format!("listening on {}", args.listen))?;
     listener.set_nonblocking(true)?;
     let mut mask = SigSet::empty();
@@ -156,43 +180,54 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     let len = (args.interval.as_millis() as u64).max(1);
     let mut epoch = unix_ms() / len;
     let mut capacity_now: u32 = 100;
+    // The agent's own connections, which /proc/net/snmp counts too.
     let mut own = 0u64;
-    let mut line = args.override_file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).map_or("100%".to_string(), |t| t.lines().next().unwrap_or_default().to_string());
+    let mut line = override_line(args.override_file.as_ref()).unwrap_or_else(|| "100%".to_string());
     log(format!(
-        "agent: reporting process {}'s {} on {} every {:?}",
+        "agent: reporting process {}'s {} on {} every {:?}{}",
         args.pid,
         match args.request_cpu {
             Some(c) => format!("speed against {:?} of CPU a request", c),
             None => format!("idle CPU of {}", args.cpus),
         },
         args.listen,
-        args.interval
+        args.interval,
+        if args.http { ", over HTTP" } else { "" }
     ));
     loop {
+        // A new interval: measure the one that ended, before answering anyone.
         let now = unix_ms();
-        if now / len != epoch {
-            // A new interval: measure the one that ended.
-            let seconds = (now / len - epoch) as f64 * args.interval.as_secs_f64();
+        if now / len > epoch {
             epoch = now / len;
             let measured = match meter.read() {
-                Ok(after) => {
-                    if let Some(c) = capacity(before, after, own, seconds, args.request_cpu.map(|d| d.as_secs_f64()), args.cpus) {
+                Ok(mut after) => {
+                    after.accepted = after.accepted.saturating_sub(own);
+                    while readings.len() > 1 && readings.get(1).is_some_and(|r| after.at_ms.saturating_sub(r.at_ms) >= window_ms) {
+                        readings.pop_front();
+                    }
+                    if let Some(c) = readings.front().and_then(|&b| capacity(b, after, args.request_cpu.map(|d| d.as_secs_f64()), args.cpus)) {
                         capacity_now = c;
                     }
-                    before = after;
-                    format!("{capacity_now}%")
+                    readings.push_back(after);
+                    Some(format!("{capacity_now}%"))
                 }
-                Err(_) => "down".to_string(),
+                Err(Failed::Gone) => Some("down".to_string()),
+                // The last line stands for a read that failed for once.
+                Err(Failed::Transient(e)) => {
+                    log(format!("agent: measuring process {}: {e:#}; the last figure stands", args.pid));
+                    None
+                }
             };
             // The override is read with the measure: every node that asks within an interval
             // reads the same line.
-            line = match args.override_file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
-                Some(text) => text.lines().next().unwrap_or_default().to_string(),
-                None => measured,
-            };
-            own = 0;
+            if let Some(l) = override_line(args.override_file.as_ref()).or(measured) {
+                line = l;
+            }
+        } else if now / len < epoch {
+            // The clock went back: measure from the interval it is in now.
+            epoch = now / len;
         }
-        let wait = Duration::from_millis((epoch + 1) * len - unix_ms().min((epoch + 1) * len));
+        let wait = Duration::from_millis((epoch + 1) * len - unix_ms().clamp(epoch * len, (epoch + 1) * len));
         let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::try_from(wait.max(Duration::from_millis(1))).unwrap_or(PollTimeout::MAX)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -202,20 +237,21 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
             log(format!("agent: stopped by {}", Signal::try_from(sig.ssi_signo as i32).map_or("a signal", |s| s.as_str())));
             return Ok(ExitCode::SUCCESS);
         }
-        while let Ok((stream, _)) = listener.accept() {
+        // A bounded number per wake, so that an interval's boundary is never late by much.
+        for _ in 0..ACCEPTS_PER_WAKE {
+            let Ok((stream, _)) = listener.accept() else { break };
             own += 1;
-            answer_one(stream, &line);
+            answer_one(stream, &line, args.http);
         }
     }
 }
 
-/// Gives one client the line: as an HTTP answer if it starts a GET within a moment, else at once.
-fn answer_one(mut stream: TcpStream, line: &str) {
+/// Gives one client the line: at once over TCP; with `http`, as the body of a 200 once the
+/// client's GET has come (within CLIENT_DEADLINE).
+fn answer_one(mut stream: TcpStream, line: &str, http: bool) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(CLIENT_DEADLINE));
-    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
-    let asked = matches!(poll(&mut fds, PollTimeout::try_from(HTTP_GRACE).unwrap_or(PollTimeout::ZERO)), Ok(n) if n > 0);
-    if !asked {
+    if !http {
         let _ = stream.write_all(format!("{line}\n").as_bytes());
         return;
     }
@@ -245,19 +281,35 @@ mod tests {
     #[test]
     fn proc_texts_are_read() {
         let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 350 25 0 0 20 0 3 0 1000 0 0";
-        assert_eq!(cpu_ticks(stat), Some(375));
+        assert_eq!(start_time(stat), Some(1000));
         let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails\nTcp: 1 200 120000 -1 10 1234 0\nUdp: InDatagrams\nUdp: 5\n";
         assert_eq!(passive_opens(snmp), Some(1234));
     }
 
     #[test]
+    fn a_process_is_measured_by_its_cpu_clock_and_is_down_once_gone() {
+        let mut busy = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 30"])
+            .spawn()
+            .expect("sh");
+        let meter = Meter::new(busy.id()).expect("a meter");
+        std::thread::sleep(Duration::from_millis(400));
+        let Ok(r) = meter.read() else { panic!("a live process reads") };
+        assert!(r.cpu > 0.05, "{} s of CPU", r.cpu);
+        let _ = busy.kill();
+        let _ = busy.wait();
+        assert!(matches!(meter.read(), Err(Failed::Gone)), "a reaped process is gone");
+    }
+
+    #[test]
     fn capacity_is_speed_against_the_full_speed_figure_or_idle_cpu() {
-        let r = |cpu, accepted| Reading { cpu, accepted };
+        let r = |cpu, accepted, at_ms| Reading { cpu, accepted, at_ms };
         // 100 requests at 6 ms each against 2 ms at full speed: a third.
-        assert_eq!(capacity(r(1.0, 10), r(1.6, 112), 2, 2.0, Some(0.002), 1), Some(33));
-        assert_eq!(capacity(r(1.0, 10), r(1.2, 112), 2, 2.0, Some(0.002), 1), Some(100), "faster than full speed is 100%");
-        assert_eq!(capacity(r(1.0, 10), r(1.0, 12), 2, 2.0, Some(0.002), 1), None, "only the agent's own connections");
-        assert_eq!(capacity(r(1.0, 0), r(1.5, 0), 0, 2.0, None, 1), Some(75));
-        assert_eq!(capacity(r(1.0, 0), r(4.0, 0), 0, 2.0, None, 1), Some(0));
+        assert_eq!(capacity(r(1.0, 10, 0), r(1.6, 110, 2000), Some(0.002), 1), Some(33));
+        assert_eq!(capacity(r(1.0, 10, 0), r(1.2, 110, 2000), Some(0.002), 1), Some(100), "faster than full speed is 100%");
+        assert_eq!(capacity(r(1.0, 10, 0), r(1.0, 10, 2000), Some(0.002), 1), None, "no connection: nothing to judge by");
+        assert_eq!(capacity(r(1.0, 0, 0), r(1.5, 0, 2000), None, 1), Some(75));
+        assert_eq!(capacity(r(1.0, 0, 0), r(4.0, 0, 2000), None, 1), Some(0));
+        assert_eq!(capacity(r(1.0, 0, 0), r(4.0, 0, 2000), None, 2), Some(25));
     }
 }

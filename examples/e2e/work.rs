@@ -48,12 +48,12 @@ pub fn work_serve(listener: TcpListener, name: &str, kilo_rounds: u64) -> Result
 
 /// One request: the backend's name, or why it failed. An HTTP server's answer is read to its
 /// end; a line server's (`e2e serve`, which speaks first) to its first line.
-fn request(to: SocketAddr, source: Option<IpAddr>, timeout: Duration) -> Result<String, String> {
+fn request(to: SocketAddr, source: Option<(IpAddr, u16)>, timeout: Duration) -> Result<String, String> {
     let deadline = Instant::now() + timeout;
     let mut s = match source {
         None => TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect: {}", e.kind()))?,
-        Some(src) => {
-            let sock = crate::bound(src, 0, nix::sys::socket::SockType::Stream).map_err(|e| format!("bind: {e}"))?;
+        Some((src, sport)) => {
+            let sock = crate::bound(src, sport, nix::sys::socket::SockType::Stream).map_err(|e| format!("bind: {e}"))?;
             crate::connect_timeout(sock, to, timeout).map_err(|e| format!("connect: {e}"))?
         }
     };
@@ -79,12 +79,14 @@ fn request(to: SocketAddr, source: Option<IpAddr>, timeout: Duration) -> Result<
 }
 
 /// Opens `rate` connections a second to VIP:PORT for `seconds`, each from its own ephemeral
-/// port (of `source`, if given), on `workers` threads; writes `START_MS BACKEND LATENCY_MS` (or `START_MS FAIL REASON
+/// port, or with `source` from that address and ports in turn from 10000 up (bind() picks
+/// ephemeral ports at random, and a 5-tuple reused within lb's 30 s follows its old entry), on
+/// `workers` threads; writes `START_MS BACKEND LATENCY_MS` (or `START_MS FAIL REASON
 /// LATENCY_MS`) per request to `out`, the latency counted from when the request was due.
 #[allow(clippy::too_many_arguments)]
 pub fn load(vip: IpAddr, port: u16, source: Option<IpAddr>, rate: f64, seconds: f64, workers: usize, timeout: Duration, out: &Path) -> Result<bool> {
     let to = SocketAddr::new(vip, port);
-    let (tx, rx) = channel::<Instant>();
+    let (tx, rx) = channel::<(Instant, u16)>();
     let rx = Arc::new(Mutex::new(rx));
     let lines = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -92,11 +94,11 @@ pub fn load(vip: IpAddr, port: u16, source: Option<IpAddr>, rate: f64, seconds: 
     for _ in 0..workers.max(1) {
         let (rx, lines) = (rx.clone(), lines.clone());
         threads.push(std::thread::spawn(move || loop {
-            let due = match rx.lock().map(|r| r.recv()) {
+            let (due, sport) = match rx.lock().map(|r| r.recv()) {
                 Ok(Ok(d)) => d,
                 _ => return,
             };
-            let r = request(to, source, timeout);
+            let r = request(to, source.map(|s| (s, sport)), timeout);
             let took = due.elapsed().as_secs_f64() * 1e3;
             let at = (due - start).as_secs_f64() * 1e3;
             let line = match r {
@@ -114,7 +116,7 @@ pub fn load(vip: IpAddr, port: u16, source: Option<IpAddr>, rate: f64, seconds: 
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let _ = tx.send(due);
+        let _ = tx.send((due, 10000 + (i % 50000) as u16));
     }
     drop(tx);
     for t in threads {

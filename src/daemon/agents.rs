@@ -17,8 +17,9 @@ use super::describe::label_of;
 use super::probe::{connect, read_until, send_get, status_code, Prober};
 use crate::log::log;
 
-/// Agents asked at once, at most.
-const AGENT_WORKERS: usize = 16;
+/// Agents asked at once, at most: each ask may take its whole timeout (an agent that does not
+/// answer), so this bounds how many silent agents the others can wait behind.
+const AGENT_WORKERS: usize = 64;
 /// The longest answer read from an agent.
 const ANSWER_LIMIT: usize = 4096;
 
@@ -54,7 +55,8 @@ impl Outcome {
 
 pub(super) struct Agents {
     loads: Loads,
-    prober: Prober<String>,
+    /// Each answer with the Unix milliseconds it was read at.
+    prober: Prober<(String, u64)>,
     /// Per service with an agent, the newest epoch its agents were asked in.
     asked_epoch: HashMap<String, u64>,
     /// Per backend, the epoch of the question in flight.
@@ -66,6 +68,9 @@ pub(super) struct Agents {
     failing_open: Vec<String>,
     /// Per backend, the outcome of its last answer, so that the log names changes only.
     last_outcome: HashMap<Key, Outcome>,
+    /// The pool the last [`Agents::apply`] made, and whether it differed from the one before.
+    last_pool: Option<Pool>,
+    changed: bool,
 }
 
 impl AsFd for Agents {
@@ -88,12 +93,15 @@ impl Agents {
             adjustments: HashMap::new(),
             failing_open: Vec::new(),
             last_outcome: HashMap::new(),
+            last_pool: None,
+            changed: true,
         })
     }
 
-    /// Asks the agents whose epoch's question is due; returns when the next question or
-    /// decision is (None: no service has an agent or slow start).
-    pub(super) fn schedule(&mut self, pool: &Pool) -> Option<Instant> {
+    /// Asks the agents whose epoch's question is due (not those of backends `down` says failed
+    /// their health checks); returns when the next question or decision is (None: no service
+    /// has an agent or slow start).
+    pub(super) fn schedule(&mut self, pool: &Pool, down: impl Fn(&Key) -> bool) -> Option<Instant> {
         let now = unix_ms();
         let mut next: Option<u64> = None;
         for s in pool.services.iter().filter(|s| s.load_aware()) {
@@ -105,9 +113,14 @@ impl Agents {
                     self.asked_epoch.insert(s.name.clone(), epoch);
                     for b in s.backends.iter().filter(|b| b.weight > 0) {
                         let key = (s.name.clone(), b.identity());
+                        if down(&key) {
+                            continue;
+                        }
                         let (addr, check) = (SocketAddr::new(b.address, check.port), check.clone());
-                        self.asking.insert(key.clone(), epoch);
-                        self.prober.submit(key, move || ask(addr, &check));
+                        // An ask still running keeps its own epoch: its answer is that epoch's.
+                        if self.prober.submit(key.clone(), move || ask(addr, &check).map(|line| (line, unix_ms()))) {
+                            self.asking.insert(key, epoch);
+                        }
                     }
                 }
                 let poll = if now >= poll { point_in(epoch + 1, POLL_AT, len) } else { poll };
@@ -123,19 +136,21 @@ impl Agents {
     /// Takes the answers that arrived, each told to `seen` (service, backend, outcome, how long
     /// it took).
     pub(super) fn answers(&mut self, pool: &Pool, mut seen: impl FnMut(&str, &str, Outcome, Duration)) {
-        let now = unix_ms();
         for (key, result, took) in self.prober.drain() {
             let Some(epoch) = self.asking.remove(&key) else { continue };
             let Some(s) = pool.service(&key.0).filter(|s| s.agent.is_some()) else { continue };
-            let late = decided_epoch(now, epoch_length(s)) >= epoch;
-            let (outcome, report, problem) = match result.map(|line| load::parse(&line).map_err(|e| (e, line))) {
-                Ok(Ok(_)) if late => (Outcome::Late, None, Some("answered after the interval's weights were decided".to_string())),
-                Ok(Ok(r)) => (Outcome::Ok, Some(r), None),
-                Ok(Err((e, line))) => (Outcome::Garbage, None, Some(format!("{e} in {:?}", line.chars().take(80).collect::<String>()))),
+            // Judged by when the line was read, not when this loop got to it: every node files
+            // an answer under the same epoch, however busy it is.
+            let len = epoch_length(s);
+            let late = |read_at: u64| epoch_at(read_at, len) != epoch || read_at >= point_in(epoch, DECIDE_AT, len);
+            let (outcome, report, problem) = match result.map(|(line, read_at)| (load::parse(&line).map_err(|e| (e, line)), read_at)) {
+                Ok((Ok(_), read_at)) if late(read_at) => (Outcome::Late, None, Some("answered after the interval's weights were decided".to_string())),
+                Ok((Ok(r), _)) => (Outcome::Ok, Some(r), None),
+                Ok((Err((e, line)), _)) => (Outcome::Garbage, None, Some(format!("{e} in {:?}", line.chars().take(80).collect::<String>()))),
                 Err(e) => (Outcome::Failed, None, Some(e)),
             };
             if outcome != Outcome::Late {
-                self.loads.record(&key, epoch, report);
+                self.loads.record(&key, epoch, len, report);
             }
             seen(&key.0, &key.1, outcome, took);
             let before = self.last_outcome.insert(key.clone(), outcome);
@@ -198,7 +213,14 @@ impl Agents {
         }
         self.adjustments = applied.adjustments;
         self.failing_open = applied.failing_open;
+        self.changed = self.last_pool.as_ref() != Some(&applied.pool);
+        self.last_pool = Some(applied.pool.clone());
         applied.pool
+    }
+
+    /// Whether the last [`Agents::apply`] made another pool than the one before it.
+    pub(super) fn changed(&self) -> bool {
+        self.changed
     }
 
     /// A new pool replaces `old`: backends that begin to serve in it start their slow start.
@@ -213,12 +235,39 @@ impl Agents {
 
     pub(super) fn restore(&mut self, kept: Loads) {
         self.loads = kept;
+        self.last_pool = None;
+    }
+
+    /// The last pool was not installed: the next interval installs whatever it decides.
+    pub(super) fn not_installed(&mut self) {
+        self.last_pool = None;
+    }
+
+    /// At a restart that adopts a pinned data plane: each load-aware backend goes on from the
+    /// capacity the plane serves it at (its weight in points over its configured weight), when
+    /// the plane's weights of its service are in points at all (one above its configured
+    /// weight; a plane written by a version without load-aware weights has none).
+    pub(super) fn seed(&mut self, pool: &Pool, live: &[lb::plan::LiveService]) {
+        for s in live {
+            let Some(conf) = pool.service(&s.name).filter(|c| c.load_aware()) else { continue };
+            let configured = |id: &str| conf.backends.iter().find(|b| b.identity() == id).map_or(0, |b| b.weight);
+            if !s.backends.iter().any(|b| b.weight > configured(&b.identity)) {
+                continue;
+            }
+            for b in s.backends.iter().filter(|b| b.state == lb::config::BackendState::Active) {
+                let c = configured(&b.identity);
+                if let Some(capacity) = (b.weight + c / 2).checked_div(c) {
+                    self.loads.seed(&(s.name.clone(), b.identity.clone()), capacity);
+                }
+            }
+        }
     }
 
     /// A backend of `pool` passed its health checks again: its slow start begins.
     pub(super) fn recovered(&mut self, pool: &Pool, key: &Key) {
         if let Some(s) = pool.service(&key.0).filter(|s| s.slow_start.is_some()) {
-            self.loads.joined(key, epoch_at(unix_ms(), epoch_length(s)));
+            let len = epoch_length(s);
+            self.loads.joined(key, epoch_at(unix_ms(), len), len);
         }
     }
 
@@ -251,11 +300,17 @@ pub(super) fn ask(addr: SocketAddr, check: &AgentCheck) -> Result<String, String
     let text = match &check.path {
         None => {
             let got = read_until(&mut stream, deadline, ANSWER_LIMIT, |b| b.contains(&b'\n'))?;
+            if got.len() >= ANSWER_LIMIT && !got.contains(&b'\n') {
+                return Err(format!("a line longer than {ANSWER_LIMIT} bytes"));
+            }
             String::from_utf8_lossy(&got).into_owned()
         }
         Some(path) => {
             send_get(&mut stream, addr, path, "lb-agent-check", deadline)?;
             let got = read_until(&mut stream, deadline, ANSWER_LIMIT, |_| false)?;
+            if got.len() >= ANSWER_LIMIT {
+                return Err(format!("an answer longer than {ANSWER_LIMIT} bytes"));
+            }
             let code = status_code(&got)?;
             if !(200..300).contains(&code) {
                 return Err(format!("HTTP {code}"));
@@ -306,6 +361,26 @@ mod tests {
         assert_eq!(ask(once(ok, true), &check(Some("/load"))), Ok("ready 40%".to_string()));
         assert_eq!(ask(once("HTTP/1.0 503 Busy\r\n\r\n10%\n", true), &check(Some("/load"))), Err("HTTP 503".to_string()));
         assert_eq!(ask(once("", false), &check(None)), Err("closed without a line".to_string()));
+        let long: &'static str = Box::leak(format!("{}75%", "x".repeat(5000)).into_boxed_str());
+        assert_eq!(ask(once(long, false), &check(None)), Err("a line longer than 4096 bytes".to_string()), "a cut line is not read as another");
+    }
+
+    #[test]
+    fn an_agent_that_trickles_times_out_all_the_same() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            for _ in 0..200 {
+                if s.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let started = Instant::now();
+        assert_eq!(ask(addr, &check(None)), Err("timeout".to_string()));
+        assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
     }
 
     #[test]

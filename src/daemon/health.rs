@@ -78,7 +78,7 @@ impl Health {
                 let due = *self.next_probe.entry(key.clone()).or_insert(now);
                 let due = if due <= now {
                     let (addr, c) = (SocketAddr::new(b.address, check.port), check.clone());
-                    self.prober.submit(key.clone(), move || probe(addr, &c));
+                    let _ = self.prober.submit(key.clone(), move || probe(addr, &c));
                     let again = now + check.interval;
                     self.next_probe.insert(key, again);
                     again

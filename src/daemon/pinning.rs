@@ -130,9 +130,12 @@ pub(super) fn pin_new(dp: &Plane, p: &Pinning, xdp: &link::XdpLink, ifindex: u32
 /// reload (only what differs is written), carries the flow table over if its layout changed,
 /// and replaces the program in the pinned link atomically.
 #[allow(clippy::too_many_arguments)]
+/// Adopts the pinned data plane and installs the pool `served` makes of it (given the plane as
+/// read back: a restart goes on from the weights it serves).
 pub(super) fn adopt(
     dp: &mut Plane,
     pool: &Pool,
+    served: impl FnOnce(&Plane) -> Pool,
     ifc: &Interface,
     macs: &HashMap<IpAddr, [u8; 6]>,
     p: &Pinning,
@@ -142,7 +145,8 @@ pub(super) fn adopt(
 ) -> Result<Attachment> {
     let t0 = Instant::now();
     dp.adopt(pool).context("reading the pinned data plane's state")?;
-    let applied = dp.install(pool, ifc.mac, &|a| macs.get(&a).copied()).context("applying the pool to the adopted maps")?;
+    let pool = served(dp);
+    let applied = dp.install(&pool, ifc.mac, &|a| macs.get(&a).copied()).context("applying the pool to the adopted maps")?;
     let switch = || pin::link_update(&f.link, &dp.program_fd());
     let carried = if fresh.contains(&"flows") {
         dp.carry_flows(&p.dir.join("flows"), f.prog_id, switch)?

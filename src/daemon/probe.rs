@@ -66,11 +66,13 @@ impl<T: Send + 'static> Prober<T> {
         Ok(Prober { jobs, results, wake_read, in_flight: HashSet::new() })
     }
 
-    /// Queues a probe unless one for the same backend is still running.
-    pub(super) fn submit(&mut self, key: Key, work: impl FnOnce() -> Result<T, String> + Send + 'static) {
-        if self.in_flight.insert(key.clone()) {
-            let _ = self.jobs.send((key, Box::new(work)));
+    /// Queues a probe unless one for the same backend is still running; says whether it did.
+    pub(super) fn submit(&mut self, key: Key, work: impl FnOnce() -> Result<T, String> + Send + 'static) -> bool {
+        if !self.in_flight.insert(key.clone()) {
+            return false;
         }
+        let _ = self.jobs.send((key, Box::new(work)));
+        true
     }
 
     /// Every result that arrived, with how long its probe took.
@@ -115,11 +117,15 @@ pub(super) fn send_get(stream: &mut TcpStream, addr: SocketAddr, path: &str, age
     stream.write_all(request.as_bytes()).map_err(describe)
 }
 
-/// Reads until `enough` says the bytes suffice, the peer closes, or `limit` bytes.
+/// Reads until `enough` says the bytes suffice, the peer closes, or `limit` bytes; a peer that
+/// trickles bytes past the deadline times out all the same.
 pub(super) fn read_until(stream: &mut TcpStream, deadline: Instant, limit: usize, enough: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>, String> {
     let mut got = Vec::new();
     let mut chunk = [0u8; 512];
     while !enough(&got) && got.len() < limit {
+        if Instant::now() >= deadline {
+            return Err("timeout".to_string());
+        }
         stream.set_read_timeout(Some(left(deadline))).map_err(describe)?;
         match stream.read(&mut chunk) {
             Ok(0) => break,
@@ -231,11 +237,11 @@ mod tests {
         let mut p = Prober::new(2).expect("prober");
         for i in 0..3 {
             let c = check(CheckKind::Tcp, (200, 399));
-            p.submit(("web".into(), format!("b{i}")), move || probe(addr, &c));
+            assert!(p.submit(("web".into(), format!("b{i}")), move || probe(addr, &c)));
         }
         // A second job for a backend still in flight is not queued.
         let c = check(CheckKind::Tcp, (200, 399));
-        p.submit(("web".into(), "b0".into()), move || probe(addr, &c));
+        assert!(!p.submit(("web".into(), "b0".into()), move || probe(addr, &c)));
         let mut got = Vec::new();
         let end = Instant::now() + Duration::from_secs(5);
         while got.len() < 3 && Instant::now() < end {

@@ -48,7 +48,10 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         let now = Instant::now();
         let mut wake = next_refresh.min(next_recheck).min(next_tick).min(next_sweep);
         // The probes that are due are queued here, before the wait.
-        for t in [stats.next(), debounce.due(), d.health.schedule(now, &d.configured), d.agents.schedule(&d.configured)].into_iter().flatten() {
+        let probes = d.health.schedule(now, &d.configured);
+        let health = d.health.map();
+        let asks = d.agents.schedule(&d.configured, |k| health.get(k).is_some_and(|h| !h.healthy));
+        for t in [stats.next(), debounce.due(), probes, asks].into_iter().flatten() {
             wake = wake.min(t);
         }
         wait(d, signals, watcher.as_ref(), wake.saturating_duration_since(now))?;
@@ -61,8 +64,9 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
             }
         }
         d.on_neighbour_events()?;
-        d.on_probe_results()?;
+        // Answers first: an install that health causes uses every answer already read.
         d.on_agent_answers()?;
+        d.on_probe_results()?;
         if let Some(w) = &mut watcher {
             let seen = w.read();
             if seen.lost {

@@ -78,10 +78,17 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
     neighbours.set_via(&mut dp, via)?;
     // Load-aware services' weights are written in steps from the start, at full capacity
     // until their agents answer (lb::load).
-    let agents = Agents::new(&pool)?;
+    // A restart that adopts a pinned plane goes on from the weights it serves.
+    let mut agents = Agents::new(&pool)?;
     let served = lb::load::at_full_capacity(&pool);
     let attachment = match (&pinning, found) {
-        (Some(p), Some(f)) => pinning::adopt(&mut dp, &served, &ifc, &macs, p, f, &fresh, started_ms)?,
+        (Some(p), Some(f)) => {
+            let seeded = |dp: &Plane| {
+                agents.seed(&pool, dp.installed());
+                agents.apply(&pool, &pool)
+            };
+            pinning::adopt(&mut dp, &served, seeded, &ifc, &macs, p, f, &fresh, started_ms)?
+        }
         _ => attach_new(settings, &mut dp, &served, &ifc, &macs, pinning.as_ref(), started_ms)?,
     };
     log_pool(&pool, &neighbours, &macs, &encap);

@@ -44,6 +44,11 @@ impl Daemon<'_> {
     pub(super) fn install_effective(&mut self, why: &str) -> Result<Option<Vec<Touched>>> {
         let pool = self.health.effective(&self.configured);
         let pool = self.agents.apply(&self.configured, &pool);
+        if why == "load" && !self.agents.changed() {
+            // An interval decided nothing new: the tables stand; the reports may have moved.
+            self.publish();
+            return Ok(Some(Vec::new()));
+        }
         let applying = std::time::Instant::now();
         let automatic = why == "health" || why == "load";
         match self.dp.apply(&pool) {
@@ -56,9 +61,13 @@ impl Daemon<'_> {
             }
             Err(e) if automatic => {
                 log(format!("{why}: could not apply ({e:#}); the current tables keep serving"));
+                self.agents.not_installed();
                 Ok(None)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                self.agents.not_installed();
+                Err(e)
+            }
         }
     }
 

@@ -15,11 +15,14 @@
 //! - An epoch with no usable report (no answer, or garbage) carries the last good one, however
 //!   old: an agent that stops answering leaves the weight as it was. No good report ever is full
 //!   capacity. A node that starts while an agent is silent disagrees until it answers again.
-//! - `drain` and `down` are the state of the newest good report: a drained backend keeps its
-//!   tracked connections and gets no new ones; a down one loses both, as a failed health check.
-//! - Slow start ramps a backend's share over the window from the epoch it joined the pool, came
-//!   back from a failed health check, or from an agent's `down`; the ramp is quantized to
-//!   [`RAMP_STEP`] points, so nodes that saw the change in the same epoch agree.
+//! - `drain` and `down` take effect after [`RUN`] intervals in a row of them and end after as
+//!   many of another state: a drained backend keeps its tracked connections and gets no new
+//!   ones; a down one loses both, as a failed health check. A flapping agent changes nothing.
+//! - Slow start ramps a backend's share over the window from the [`RAMP_ALIGN`] mark after it
+//!   joined the pool, came back from a failed health check, or its agent's `down` ended; the ramp
+//!   is quantized to [`RAMP_STEP`] points, so nodes that saw the change within one mark agree.
+//! - A restart that adopts a pinned plane seeds each backend with the capacity the plane serves
+//!   it at ([`Loads::seed`]).
 //!
 //! Weights of such services are written to the tables in points: 1/[`WEIGHT_STEPS`] of the
 //! configured weight. A backend at 35% of weight 2 is written as 70 of 200.
@@ -31,7 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub use report::{parse, Report, State};
-pub use weigh::{combined, effective_capacity, slow_start_share, table_weight, BAND, BLOCK, HISTORY, MAX_CHANGE, RAMP_STEP, STEP, WINDOW};
+pub use weigh::{combined, effective_capacity, held_state, slow_start_share, table_weight, BAND, BLOCK, HISTORY, MAX_CHANGE, RAMP_STEP, RUN, STEP, WINDOW};
 
 use crate::config::{BackendState, Pool, Service, WEIGHT_STEPS};
 
@@ -62,6 +65,16 @@ pub fn point_in(epoch: u64, fraction: f64, len: Duration) -> u64 {
     epoch * millis(len) + (millis(len) as f64 * fraction) as u64
 }
 
+/// Ramps begin on a boundary of this much wall-clock time, so that nodes that see a backend
+/// join within it ramp alike.
+pub const RAMP_ALIGN: Duration = Duration::from_secs(5);
+
+/// The epoch a ramp that begins in `epoch` starts from: the next RAMP_ALIGN boundary.
+fn ramp_start(epoch: u64, len: Duration) -> u64 {
+    let every = (millis(RAMP_ALIGN).div_ceil(millis(len))).max(1);
+    epoch.div_ceil(every) * every
+}
+
 /// The newest epoch whose weights are decided at `unix_ms`.
 pub fn decided_epoch(unix_ms: u64, len: Duration) -> u64 {
     unix_ms.saturating_sub((millis(len) as f64 * DECIDE_AT) as u64) / millis(len)
@@ -76,6 +89,18 @@ pub struct BackendLoad {
     carried: Option<Report>,
     /// The epoch its slow start began in.
     ramp_from: Option<u64>,
+}
+
+impl BackendLoad {
+    /// The state its agent holds in `epoch`: drain or down after RUN intervals in a row of it,
+    /// over the last HISTORY intervals (weigh.rs).
+    fn state_at(&self, epoch: u64) -> State {
+        let first = epoch.saturating_sub(HISTORY as u64 - 1);
+        let state_of = |r: &Report| r.state.unwrap_or(State::Ready);
+        let before = self.reports.range(..first).rev().find_map(|(_, r)| *r).or(self.carried);
+        let states: Vec<Option<State>> = (first..=epoch).map(|e| self.reports.get(&e).copied().flatten().as_ref().map(state_of)).collect();
+        held_state(before.as_ref().map(state_of), &states)
+    }
 }
 
 /// Why a backend is served with other than its configured weight.
@@ -139,17 +164,16 @@ impl Loads {
         Loads::default()
     }
 
-    /// Takes the report of `epoch` (None: no usable answer). A report that says neither drain nor
-    /// down after one that said down starts the backend's slow start.
-    pub fn record(&mut self, key: &Key, epoch: u64, report: Option<Report>) {
+    /// Takes the report of `epoch` (None: no usable answer) for a backend of a service whose
+    /// intervals are `len` long. When the state its agent held ends being down in this epoch,
+    /// the backend's slow start begins.
+    pub fn record(&mut self, key: &Key, epoch: u64, len: Duration, report: Option<Report>) {
         let b = self.backends.entry(key.clone()).or_default();
-        if let Some(r) = report {
-            let before = b.reports.range(..epoch).rev().find_map(|(_, r)| *r).or(b.carried);
-            if r.state != Some(State::Down) && before.is_some_and(|p| p.state == Some(State::Down)) {
-                b.ramp_from = Some(b.ramp_from.map_or(epoch, |f| f.max(epoch)));
-            }
-        }
         b.reports.insert(epoch, report);
+        if epoch > 0 && b.state_at(epoch - 1) == State::Down && b.state_at(epoch) != State::Down {
+            let from = ramp_start(epoch, len);
+            b.ramp_from = Some(b.ramp_from.map_or(from, |f| f.max(from)));
+        }
         // Keep the window, the epoch before it, and a few epochs of slack for reports that
         // arrive ahead of the decision.
         let oldest = epoch.saturating_sub(HISTORY as u64 + 4);
@@ -163,10 +187,20 @@ impl Loads {
         }
     }
 
-    /// A backend joined the pool or came back from a failed health check in `epoch`: its slow
-    /// start begins.
-    pub fn joined(&mut self, key: &Key, epoch: u64) {
-        self.backends.entry(key.clone()).or_default().ramp_from = Some(epoch);
+    /// A backend joined the pool or came back from a failed health check in `epoch` (of `len`):
+    /// its slow start begins at the next RAMP_ALIGN boundary.
+    pub fn joined(&mut self, key: &Key, epoch: u64, len: Duration) {
+        self.backends.entry(key.clone()).or_default().ramp_from = Some(ramp_start(epoch, len));
+    }
+
+    /// Seeds a backend that has no reports yet with the capacity it is served at now (read back
+    /// from a pinned data plane at a restart), so that a restarted node goes on from the weights
+    /// the fleet serves instead of from full capacity.
+    pub fn seed(&mut self, key: &Key, capacity: u32) {
+        let b = self.backends.entry(key.clone()).or_default();
+        if b.reports.is_empty() && b.carried.is_none() {
+            b.carried = Some(Report { state: None, capacity: Some(capacity.min(100) as u8) });
+        }
     }
 
     /// The pool that replaces `old` (None at start: nothing ramps): backends of slow-start
@@ -178,11 +212,12 @@ impl Loads {
         });
         let Some(old) = old else { return };
         for s in new.services.iter().filter(|s| s.slow_start.is_some()) {
-            let epoch = epoch_at(unix_ms, epoch_length(s));
+            let len = epoch_length(s);
+            let epoch = epoch_at(unix_ms, len);
             for b in s.backends.iter().filter(|b| b.serving_weight() > 0) {
                 let before = old.service(&s.name).and_then(|o| o.backends.iter().find(|x| x.identity() == b.identity()));
                 if before.is_none_or(|x| x.serving_weight() == 0) {
-                    self.joined(&(s.name.clone(), b.identity()), epoch);
+                    self.joined(&(s.name.clone(), b.identity()), epoch, len);
                 }
             }
         }
@@ -213,27 +248,39 @@ impl Loads {
             for b in s.backends.iter_mut() {
                 b.weight *= WEIGHT_STEPS;
             }
-            let mut trial = s.backends.clone();
-            for (i, a) in &adjusted {
-                let b = &mut trial[*i];
-                b.weight = table_weight(configured[*i], a.percent);
-                b.state = match a.state {
-                    Some(State::Drain) => BackendState::Drain,
-                    Some(State::Down) => BackendState::Down,
-                    _ => b.state,
-                };
-            }
-            if serving_before && !trial.iter().any(|b| b.serving_weight() > 0) {
-                // Load would leave the service nothing: all at 0% or drained or down at once
-                // more likely means the agents are wrong than that no backend can serve.
+            // Served with the capacities and states; failing that (no backend left to take new
+            // connections), with the states alone; failing that, as configured (fail open).
+            let trial = |capacities: bool| {
+                let mut t = s.backends.clone();
+                for (i, a) in &adjusted {
+                    let b = &mut t[*i];
+                    match a.state {
+                        // At its configured weight, which its tracked flows' runner-ups use.
+                        Some(State::Drain) => b.state = BackendState::Drain,
+                        Some(State::Down) => b.state = BackendState::Down,
+                        _ if capacities => b.weight = table_weight(configured[*i], a.percent),
+                        _ => {}
+                    }
+                }
+                t
+            };
+            let serves = |t: &[crate::config::Backend]| t.iter().any(|b| b.serving_weight() > 0);
+            let full = trial(true);
+            let chosen = if !serving_before || serves(&full) {
+                Some(full)
+            } else {
                 failing_open.push(s.name.clone());
-                continue;
+                Some(trial(false)).filter(|t| serves(t))
+            };
+            if let Some(t) = chosen {
+                s.backends = t;
             }
-            s.backends = trial;
             for (i, a) in adjusted {
                 adjustments.insert((s.name.clone(), s.backends[i].identity()), a);
             }
         }
+        // The previous pool (second chance's hop lists) is built as it was served: in points.
+        out.previous = pool.previous.as_deref().map(|p| Box::new(at_full_capacity(p)));
         Applied { pool: out, adjustments, failing_open }
     }
 
@@ -255,15 +302,18 @@ impl Loads {
             let newest = l.reports.range(..=decided).rev().find_map(|(_, r)| *r).or(l.carried);
             if newest.is_some() {
                 a.capacity = Some(effective_capacity(&window, decided));
-                a.state = newest.and_then(|r| r.state).filter(|s| *s != State::Ready);
+                a.state = Some(l.state_at(decided)).filter(|s| *s != State::Ready);
                 a.reported = newest.map(|r| r.capacity.map_or(100, u32::from));
             }
         }
         if let (Some(ss), Some(from)) = (&s.slow_start, load.and_then(|l| l.ramp_from)) {
-            let len = epoch_length(s).as_secs_f64();
-            let window = (ss.window.as_secs_f64() / len).ceil() as u32;
+            let len = epoch_length(s);
+            let window = (ss.window.as_secs_f64() / len.as_secs_f64()).ceil() as u32;
+            // A ramp that begins further ahead than its alignment allows is a clock that went
+            // back: no ramp.
+            let plausible = from <= ramp_start(decided + 1, len);
             let elapsed = decided.saturating_sub(from).min(u32::MAX as u64) as u32;
-            if elapsed < window {
+            if plausible && elapsed < window {
                 a.ramp = Some(slow_start_share(elapsed, window, ss.min_percent, ss.aggression));
             }
         }

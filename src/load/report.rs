@@ -22,7 +22,13 @@ pub enum State {
 /// the last good report).
 pub fn parse(line: &str) -> Result<Report, String> {
     let mut report = Report { state: None, capacity: None };
-    let words: Vec<&str> = line.split(|c: char| c.is_ascii_whitespace() || c == ',').filter(|w| !w.is_empty()).collect();
+    // As HAProxy reads it: `#` starts a comment, and `maxconn:N` (which lb has no use for) is
+    // skipped.
+    let line = line.split('#').next().unwrap_or_default();
+    let words: Vec<&str> = line
+        .split(|c: char| c.is_ascii_whitespace() || c == ',')
+        .filter(|w| !w.is_empty() && !w.to_ascii_lowercase().starts_with("maxconn:"))
+        .collect();
     if words.is_empty() {
         return Err("an empty line".to_string());
     }
@@ -61,6 +67,7 @@ mod tests {
         assert_eq!(parse("ready 40%\n").unwrap(), Report { state: Some(State::Ready), capacity: Some(40) });
         assert_eq!(parse("DRAIN").unwrap().state, Some(State::Drain));
         assert_eq!(parse("down").unwrap().state, Some(State::Down));
+        assert_eq!(parse("up 60% maxconn:30 # busy").unwrap(), Report { state: Some(State::Ready), capacity: Some(60) });
         for bad in ["", "  ", "101%", "-3%", "x%", "fast", "50% 60%", "ready drain"] {
             assert!(parse(bad).is_err(), "{bad:?} must be refused");
         }

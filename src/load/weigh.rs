@@ -1,5 +1,6 @@
-//! From reports to weights: a backend's effective capacity as a pure function of a bounded
-//! history of epochs, and the slow-start ramp (docs/load.md says why each rule is what it is).
+//! From reports to weights: a backend's effective capacity and state as pure functions of a
+//! bounded history of epochs, and the slow-start ramp (docs/load.md says why each rule is what
+//! it is).
 //!
 //! The capacity of epoch `e` is the end of a chain that starts [`LEAD`] epochs before the block of
 //! [`BLOCK`] epochs that `e` falls in (blocks are counted from epoch 0, so every node cuts them
@@ -16,6 +17,8 @@
 //! same capacity. The hysteresis holds within a block; the restart at a block's start can move a
 //! held value by less than the band, once per block.
 
+use super::State;
+
 /// Epochs whose reports one median takes.
 pub const WINDOW: usize = 5;
 /// The resolution of capacities and weights, in percent.
@@ -30,11 +33,36 @@ pub const SETTLE: usize = (100 / MAX_CHANGE) as usize;
 /// Epochs a chain starts before its block: its start median settles in that many steps.
 pub const LEAD: usize = SETTLE + WINDOW;
 /// Epochs in a block of hysteresis.
-pub const BLOCK: u64 = 30;
+pub const BLOCK: u64 = 10;
 /// Epochs of reports an effective capacity depends on, at most.
 pub const HISTORY: usize = BLOCK as usize + LEAD + WINDOW;
 /// Slow-start shares are quantized to this many percent, so that nodes agree on them.
 pub const RAMP_STEP: u32 = 5;
+/// Intervals in a row that an agent's `drain` or `down` needs before it takes effect, and that
+/// another state needs before it ends.
+pub const RUN: usize = 3;
+
+/// The state held at the newest of `states` (oldest first; None: no usable answer that
+/// interval, which carries the one before it, `carried` before them all): the state of the
+/// newest run of RUN intervals in a row in one state, or ready if there is none. A flapping
+/// agent changes nothing; a lasting answer takes effect in RUN intervals.
+pub fn held_state(carried: Option<State>, states: &[Option<State>]) -> State {
+    let mut last = carried;
+    let filled: Vec<State> = states
+        .iter()
+        .filter_map(|s| {
+            if s.is_some() {
+                last = *s;
+            }
+            last
+        })
+        .collect();
+    (RUN..=filled.len())
+        .rev()
+        .map(|end| &filled[end - RUN..end])
+        .find(|run| run.iter().all(|s| *s == run[0]))
+        .map_or(State::Ready, |run| run[0])
+}
 
 /// The median of the capacities in `window` (oldest first; None: no usable report that epoch,
 /// which carries the last good one before it, `carried` before the window); 100 when there is
@@ -66,9 +94,15 @@ pub fn effective_capacity(reports: &[Option<u8>], epoch: u64) -> u32 {
         let carried = reports[..start].iter().rev().find_map(|r| *r);
         median_capacity(carried, &reports[start..end])
     };
-    // The chain's length: from LEAD epochs before this epoch's block to this epoch.
+    // The chain's length: from LEAD epochs before this epoch's block to this epoch; a node that
+    // has not read that far back starts at its first answer (not at the full capacity that no
+    // answer means).
     let walk = (epoch % BLOCK) as usize + LEAD;
     let first = n.saturating_sub(walk);
+    let first = match reports.iter().position(|r| r.is_some()) {
+        Some(p) if p >= first => p + 1,
+        _ => first,
+    };
     let mut held = median_at(first);
     // A move, once begun, goes all the way to the median, however close the last step lands.
     let mut moving = false;
@@ -140,19 +174,49 @@ mod tests {
 
     #[test]
     fn reports_that_wander_within_the_band_leave_the_capacity_held() {
-        let mut r: Vec<Option<u8>> = vec![Some(35); 10];
-        for i in 0..20 {
-            r.push(Some(if i % 2 == 0 { 33 } else { 38 }));
-        }
-        assert_eq!(mid(&r), 35, "33 and 38 alternate around a held 35");
-        r.extend([Some(33); 6]);
-        assert_eq!(mid(&r), 35, "33 is within the band of 35");
+        // Reports indexed by epoch: a steady 35, then 34 and 38 in turn (4 apart: within the band).
+        let mut r: Vec<Option<u8>> = vec![Some(35); 20];
+        r.extend((0..30).map(|i| Some(if i % 2 == 0 { 34 } else { 38 })));
+        // Within a block (epochs 40 to 49) the held capacity does not move.
+        let held: Vec<u32> = (40..50).map(|e| effective_capacity(&r[..e + 1], e as u64)).collect();
+        assert!(held.iter().all(|&h| h == held[0]) && [34, 38].contains(&held[0]), "{held:?}");
+        // While it stays steady, a block's restart moves nothing either.
+        let steady: Vec<Option<u8>> = vec![Some(35); 60];
+        assert!((20..60).all(|e| effective_capacity(&steady[..e + 1], e as u64) == 35));
+        // A lasting move beyond the band is followed.
         r.extend([Some(28); 6]);
-        assert_eq!(mid(&r), 28, "28 is not");
+        assert_eq!(effective_capacity(&r, 55), 28);
         // The restart at a block's start is the only place a held value may move by less than
-        // the band, and then by less than the band.
+        // the band.
         let r: Vec<Option<u8>> = [Some(35); 10].into_iter().chain([Some(33); 40]).collect();
-        assert_eq!(effective_capacity(&r, 60 + 10), 33);
+        assert_eq!(effective_capacity(&r, 60 + BLOCK), 33);
+    }
+
+    #[test]
+    fn drain_and_down_take_three_intervals_in_a_row_and_flapping_changes_nothing() {
+        use State::*;
+        let s = |v: &[State]| v.iter().map(|x| Some(*x)).collect::<Vec<_>>();
+        assert_eq!(held_state(None, &s(&[Ready, Down, Down])), Ready);
+        assert_eq!(held_state(None, &s(&[Ready, Down, Down, Down])), Down);
+        assert_eq!(held_state(None, &s(&[Down, Down, Down, Ready, Ready])), Down, "two ready intervals do not end it");
+        assert_eq!(held_state(None, &s(&[Down, Down, Down, Ready, Ready, Ready])), Ready);
+        let flap: Vec<State> = (0..40).map(|i| if i % 2 == 0 { Down } else { Ready }).collect();
+        assert_eq!(held_state(None, &s(&flap)), Ready, "down and ready in turn never take it out");
+        let mut held = s(&[Down; 3]);
+        held.extend((0..20).map(|i| Some(if i % 3 == 2 { Ready } else { Down })));
+        assert_eq!(held_state(None, &held), Down, "and a down backend that blinks ready stays down");
+        assert_eq!(held_state(Some(Drain), &[None, None, None]), Drain, "silence carries");
+        assert_eq!(held_state(None, &[]), Ready);
+    }
+
+    #[test]
+    fn a_node_that_starts_late_starts_at_its_first_answer() {
+        // An old node held 97 from a long history; a new one reads only the last few answers.
+        let old: Vec<Option<u8>> = [Some(97u8); 40].into_iter().collect();
+        for n in 1..=8 {
+            assert_eq!(effective_capacity(&old[40 - n..], 15), 97, "{n} answers");
+        }
+        assert_eq!(effective_capacity(&old, 15), 97);
     }
 
     #[test]
@@ -169,8 +233,8 @@ mod tests {
 
     #[test]
     fn two_nodes_with_different_histories_agree_once_they_share_one() {
-        let shared: Vec<Option<u8>> = (0..HISTORY).map(|i| Some([60u8, 45, 47, 20, 22, 90][i / 9 % 6])).collect();
-        for epoch in [30 * 7, 30 * 7 + 13, 30 * 7 + 29] {
+        let shared: Vec<Option<u8>> = (0..HISTORY).map(|i| Some([60u8, 45, 47, 20, 22, 90][i / 4 % 6])).collect();
+        for epoch in [10 * 7, 10 * 7 + 3, 10 * 7 + 9] {
             let mut a: Vec<Option<u8>> = (0..50).map(|i| Some((i * 7 % 100) as u8)).collect();
             a.extend_from_slice(&shared);
             assert_eq!(effective_capacity(&a, epoch), effective_capacity(&shared, epoch), "epoch {epoch}");
