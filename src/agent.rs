@@ -69,7 +69,8 @@ pub struct AgentArgs {
 }
 
 /// One reading: the process's CPU seconds and the namespace's accepted connections (less the
-/// agent's own, counted since it started), and when, in Unix milliseconds.
+/// agent's own, counted since it started), and when, in milliseconds of the monotonic clock
+/// (a wall clock that steps would stretch or shrink the span).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Reading {
     cpu: f64,
@@ -122,6 +123,8 @@ struct Meter {
     /// measured as if it were the same one.
     started: u64,
     clock: nix::time::ClockId,
+    /// The zero of the readings' times.
+    zero: Instant,
 }
 
 /// Field 22 of a /proc/PID/stat text: the start time, in clock ticks after boot.
@@ -135,7 +138,7 @@ impl Meter {
         let started = start_time(&stat).with_context(|| format!("cannot read /proc/{pid}/stat"))?;
         // The process's CPU clock: all its threads, those that exited included, in nanoseconds.
         let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid as i32)).with_context(|| format!("the CPU clock of process {pid}"))?;
-        Ok(Meter { pid, started, clock })
+        Ok(Meter { pid, started, clock, zero: Instant::now() })
     }
 
     fn read(&self) -> Result<Reading, Failed> {
@@ -152,7 +155,7 @@ impl Meter {
         };
         let snmp = std::fs::read_to_string("/proc/net/snmp").map_err(|e| Failed::Transient(e.into()))?;
         let accepted = passive_opens(&snmp).ok_or_else(|| Failed::Transient(anyhow::anyhow!("no Tcp PassiveOpens in /proc/net/snmp")))?;
-        Ok(Reading { cpu, accepted, at_ms: unix_ms() })
+        Ok(Reading { cpu, accepted, at_ms: self.zero.elapsed().as_millis() as u64 })
     }
 }
 

@@ -22,6 +22,8 @@ use crate::log::log;
 const AGENT_WORKERS: usize = 64;
 /// The longest answer read from an agent.
 const ANSWER_LIMIT: usize = 4096;
+/// The result of an ask that waited for a worker until its epoch was decided.
+const NOT_ASKED: &str = "not asked: every worker was busy until the interval's weights were decided";
 
 /// Milliseconds since the Unix epoch: agents are asked by the wall clock, which every node
 /// shares, not by this process's monotonic clock.
@@ -117,8 +119,16 @@ impl Agents {
                             continue;
                         }
                         let (addr, check) = (SocketAddr::new(b.address, check.port), check.clone());
+                        // An ask that waited for a worker past its epoch's decision is not made.
+                        let decide = point_in(epoch, DECIDE_AT, len);
+                        let work = move || {
+                            if unix_ms() >= decide {
+                                return Err(NOT_ASKED.to_string());
+                            }
+                            ask(addr, &check).map(|line| (line, unix_ms()))
+                        };
                         // An ask still running keeps its own epoch: its answer is that epoch's.
-                        if self.prober.submit(key.clone(), move || ask(addr, &check).map(|line| (line, unix_ms()))) {
+                        if self.prober.submit(key.clone(), work) {
                             self.asking.insert(key, epoch);
                         }
                     }
@@ -147,6 +157,7 @@ impl Agents {
                 Ok((Ok(_), read_at)) if late(read_at) => (Outcome::Late, None, Some("answered after the interval's weights were decided".to_string())),
                 Ok((Ok(r), _)) => (Outcome::Ok, Some(r), None),
                 Ok((Err((e, line)), _)) => (Outcome::Garbage, None, Some(format!("{e} in {:?}", line.chars().take(80).collect::<String>()))),
+                Err(e) if e == NOT_ASKED => (Outcome::Late, None, Some(e)),
                 Err(e) => (Outcome::Failed, None, Some(e)),
             };
             if outcome != Outcome::Late {

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub use report::{parse, Report, State};
-pub use weigh::{combined, effective_capacity, held_state, slow_start_share, table_weight, BAND, BLOCK, HISTORY, MAX_CHANGE, RAMP_STEP, RUN, STEP, WINDOW};
+pub use weigh::{combined, effective_capacity, held_state, slow_start_share, table_weight, BAND, BLOCK, HISTORY, MAX_CHANGE, PERSIST, RAMP_STEP, RUN, STEP, WINDOW};
 
 use crate::config::{BackendState, Pool, Service, WEIGHT_STEPS};
 
@@ -97,9 +97,15 @@ impl BackendLoad {
     fn state_at(&self, epoch: u64) -> State {
         let first = epoch.saturating_sub(HISTORY as u64 - 1);
         let state_of = |r: &Report| r.state.unwrap_or(State::Ready);
-        let before = self.reports.range(..first).rev().find_map(|(_, r)| *r).or(self.carried);
         let states: Vec<Option<State>> = (first..=epoch).map(|e| self.reports.get(&e).copied().flatten().as_ref().map(state_of)).collect();
-        held_state(before.as_ref().map(state_of), &states)
+        held_state(&states)
+    }
+
+    /// The newest epoch at or before `epoch`, within the history, in which the state its agent
+    /// held stopped being down.
+    fn back_from_down(&self, epoch: u64) -> Option<u64> {
+        let first = epoch.saturating_sub(HISTORY as u64 - 1).max(1);
+        (first..=epoch).rev().find(|&e| self.state_at(e - 1) == State::Down && self.state_at(e) != State::Down)
     }
 }
 
@@ -170,8 +176,10 @@ impl Loads {
     pub fn record(&mut self, key: &Key, epoch: u64, len: Duration, report: Option<Report>) {
         let b = self.backends.entry(key.clone()).or_default();
         b.reports.insert(epoch, report);
-        if epoch > 0 && b.state_at(epoch - 1) == State::Down && b.state_at(epoch) != State::Down {
-            let from = ramp_start(epoch, len);
+        // Found from the history (not from this answer alone), so that an answer this node
+        // missed cannot make it miss the ramp: every answer recorded looks again.
+        if let Some(back) = b.back_from_down(epoch) {
+            let from = ramp_start(back, len);
             b.ramp_from = Some(b.ramp_from.map_or(from, |f| f.max(from)));
         }
         // Keep the window, the epoch before it, and a few epochs of slack for reports that
@@ -266,14 +274,27 @@ impl Loads {
             };
             let serves = |t: &[crate::config::Backend]| t.iter().any(|b| b.serving_weight() > 0);
             let full = trial(true);
-            let chosen = if !serving_before || serves(&full) {
-                Some(full)
+            // What failing open drops, it drops from the adjustments too: they say how each
+            // backend is served.
+            let unscale = |a: &mut Adjustment| {
+                a.percent = 100;
+                a.capacity = None;
+                a.ramp = None;
+            };
+            if !serving_before || serves(&full) {
+                s.backends = full;
             } else {
                 failing_open.push(s.name.clone());
-                Some(trial(false)).filter(|t| serves(t))
-            };
-            if let Some(t) = chosen {
-                s.backends = t;
+                let states_only = trial(false);
+                if serves(&states_only) {
+                    s.backends = states_only;
+                    adjusted.iter_mut().for_each(|(_, a)| unscale(a));
+                } else {
+                    adjusted.iter_mut().for_each(|(_, a)| {
+                        unscale(a);
+                        a.state = None;
+                    });
+                }
             }
             for (i, a) in adjusted {
                 adjustments.insert((s.name.clone(), s.backends[i].identity()), a);

@@ -61,8 +61,9 @@ fn a_falling_capacity_moves_at_most_max_change_an_epoch() {
         l.record(&key("b2"), e, SEC, report("10%"));
         seen.push(l.apply(&p, at(e)).pool.services[0].backends[1].weight);
     }
-    // The median needs three epochs of 10%, then 25 points an epoch: 100, 75, 50, 25, 10.
-    assert_eq!(seen, vec![100, 100, 75, 50, 25, 10, 10, 10, 10, 10]);
+    // The median needs three epochs of 10%, the move three medians beyond the band, then 25
+    // points an epoch: 100, 75, 50, 25, 10.
+    assert_eq!(seen, vec![100, 100, 100, 100, 75, 50, 25, 10, 10, 10]);
 }
 
 #[test]
@@ -72,7 +73,7 @@ fn nodes_that_read_the_same_reports_agree_whatever_they_read_before() {
     // that falls: a has read them for a minute, b starts at epoch 100.
     let answer = |k: &str, e: u64| -> String {
         match k {
-            "b1" => format!("{}%", 58 + (e * 7 % 7)),
+            "b1" => format!("{}%", 58 + (e * 3 % 7)),
             "b2" if (120..126).contains(&e) => "drain".to_string(),
             "b2" => "97%".to_string(),
             _ => format!("{}%", if e < 130 { 80 } else { 40 }),
@@ -175,6 +176,8 @@ fn fail_open_keeps_drain_and_down_while_it_can() {
     let applied = l.apply(&p, at(9));
     assert_eq!(applied.failing_open, vec!["web".to_string()]);
     assert_eq!(weights(&applied.pool), vec![(100, BackendState::Down), (100, BackendState::Active), (200, BackendState::Active)], "capacities are dropped, down is kept");
+    assert_eq!(applied.adjustments[&key("b2")].why(), "", "and the adjustments say so");
+    assert_eq!(applied.adjustments[&key("b1")].why(), "agent says down");
     for e in 10..20 {
         l.record(&key("b2"), e, SEC, report("down"));
         l.record(&key("b3"), e, SEC, report("drain"));

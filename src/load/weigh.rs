@@ -7,8 +7,9 @@
 //! alike) and walks to `e`. It starts at that epoch's median, and at each later epoch:
 //! - the median of the last [`WINDOW`] epochs' reports is taken (a report that lasts one or two
 //!   epochs changes nothing);
-//! - it replaces the held value only if it differs by [`BAND`] points or more (hysteresis: reports
-//!   that wander within the band leave the weight where it is);
+//! - it replaces the held value only once it has differed by [`BAND`] points or more, on the same
+//!   side, for [`PERSIST`] epochs in a row (hysteresis: reports that wander within the band, or
+//!   flap across it, leave the weight where it is);
 //! - and it moves the held value at most [`MAX_CHANGE`] points an epoch; a move, once begun,
 //!   goes on to the median.
 //!
@@ -23,8 +24,10 @@ use super::State;
 pub const WINDOW: usize = 5;
 /// The resolution of capacities and weights, in percent.
 pub const STEP: u32 = 1;
-/// A new median replaces the held capacity only if it differs by this many points or more.
+/// A new median replaces the held capacity only if it differs by this many points or more...
 pub const BAND: u32 = 5;
+/// ...in the same direction for this many epochs in a row.
+pub const PERSIST: usize = 3;
 /// The most an effective capacity moves from one epoch to the next, in points.
 pub const MAX_CHANGE: u32 = 25;
 /// Epochs over which the change is bounded before a chain's held value counts: enough for
@@ -43,25 +46,25 @@ pub const RAMP_STEP: u32 = 5;
 pub const RUN: usize = 3;
 
 /// The state held at the newest of `states` (oldest first; None: no usable answer that
-/// interval, which carries the one before it, `carried` before them all): the state of the
-/// newest run of RUN intervals in a row in one state, or ready if there is none. A flapping
+/// interval): the state of the newest run of RUN answers in a row (intervals without one are
+/// skipped, not filled, so a missed answer never completes a run) that agree: all `down` is
+/// down, all `drain` or `down` is drain, all ready is ready; ready if there is none. A flapping
 /// agent changes nothing; a lasting answer takes effect in RUN intervals.
-pub fn held_state(carried: Option<State>, states: &[Option<State>]) -> State {
-    let mut last = carried;
-    let filled: Vec<State> = states
-        .iter()
-        .filter_map(|s| {
-            if s.is_some() {
-                last = *s;
-            }
-            last
-        })
-        .collect();
-    (RUN..=filled.len())
-        .rev()
-        .map(|end| &filled[end - RUN..end])
-        .find(|run| run.iter().all(|s| *s == run[0]))
-        .map_or(State::Ready, |run| run[0])
+pub fn held_state(states: &[Option<State>]) -> State {
+    let answers: Vec<State> = states.iter().flatten().copied().collect();
+    for end in (RUN..=answers.len()).rev() {
+        let run = &answers[end - RUN..end];
+        if run.iter().all(|s| *s == State::Down) {
+            return State::Down;
+        }
+        if run.iter().all(|s| *s != State::Ready) {
+            return State::Drain;
+        }
+        if run.iter().all(|s| *s == State::Ready) {
+            return State::Ready;
+        }
+    }
+    State::Ready
 }
 
 /// The median of the capacities in `window` (oldest first; None: no usable report that epoch,
@@ -104,13 +107,22 @@ pub fn effective_capacity(reports: &[Option<u8>], epoch: u64) -> u32 {
         _ => first,
     };
     let mut held = median_at(first);
-    // A move, once begun, goes all the way to the median, however close the last step lands.
+    // A move begins once PERSIST medians in a row lie beyond the band on one side (a capacity
+    // that flaps moves nothing), and, once begun, goes all the way to the median, however close
+    // the last step lands.
     let mut moving = false;
+    let mut beyond: Vec<std::cmp::Ordering> = Vec::new();
     for end in first + 1..=n {
         let m = median_at(end);
-        if moving || m.abs_diff(held) >= BAND {
+        beyond.push(if m.abs_diff(held) < BAND { std::cmp::Ordering::Equal } else { m.cmp(&held) });
+        let lasting = beyond.len() >= PERSIST && {
+            let last = &beyond[beyond.len() - PERSIST..];
+            last[0] != std::cmp::Ordering::Equal && last.iter().all(|o| *o == last[0])
+        };
+        if moving || lasting {
             held = m.clamp(held.saturating_sub(MAX_CHANGE), (held + MAX_CHANGE).min(100));
             moving = held != m;
+            beyond.clear();
         }
     }
     held
@@ -163,13 +175,16 @@ mod tests {
         let blip = [Some(80), Some(80), Some(80), Some(10), Some(10), Some(80)];
         assert_eq!(mid(&blip), 80);
         let lasting = [Some(80), Some(80), Some(80), Some(30), Some(30), Some(30)];
-        assert_eq!(mid(&lasting), 55, "the median moved to 30, but at most 25 an epoch");
+        assert_eq!(mid(&lasting), 80, "the median moved to 30 on the last: not yet three in a row");
         let mut longer = lasting.to_vec();
+        longer.extend([Some(30), Some(30)]);
+        assert_eq!(mid(&longer), 55, "the third median beyond the band: at most 25 an epoch");
         longer.push(Some(30));
         assert_eq!(mid(&longer), 30, "and on the next");
-        let fall: Vec<Option<u8>> = [Some(100); 20].into_iter().chain([Some(0); 6]).collect();
-        let seen: Vec<u32> = (20..=26).map(|n| mid(&fall[..n])).collect();
-        assert_eq!(seen, vec![100, 100, 100, 75, 50, 25, 0], "25 points an epoch from any start");
+        let fall: Vec<Option<u8>> = [Some(100); 20].into_iter().chain([Some(0); 8]).collect();
+        let seen: Vec<u32> = (20..=28).map(|n| mid(&fall[..n])).collect();
+        // The median moves on the third answer; three medians beyond the band begin the move.
+        assert_eq!(seen, vec![100, 100, 100, 100, 100, 75, 50, 25, 0], "25 points an epoch from any start");
     }
 
     #[test]
@@ -196,17 +211,30 @@ mod tests {
     fn drain_and_down_take_three_intervals_in_a_row_and_flapping_changes_nothing() {
         use State::*;
         let s = |v: &[State]| v.iter().map(|x| Some(*x)).collect::<Vec<_>>();
-        assert_eq!(held_state(None, &s(&[Ready, Down, Down])), Ready);
-        assert_eq!(held_state(None, &s(&[Ready, Down, Down, Down])), Down);
-        assert_eq!(held_state(None, &s(&[Down, Down, Down, Ready, Ready])), Down, "two ready intervals do not end it");
-        assert_eq!(held_state(None, &s(&[Down, Down, Down, Ready, Ready, Ready])), Ready);
+        assert_eq!(held_state(&s(&[Ready, Down, Down])), Ready);
+        assert_eq!(held_state(&s(&[Ready, Down, Down, Down])), Down);
+        assert_eq!(held_state(&s(&[Down, Down, Down, Ready, Ready])), Down, "two ready intervals do not end it");
+        assert_eq!(held_state(&s(&[Down, Down, Down, Ready, Ready, Ready])), Ready);
         let flap: Vec<State> = (0..40).map(|i| if i % 2 == 0 { Down } else { Ready }).collect();
-        assert_eq!(held_state(None, &s(&flap)), Ready, "down and ready in turn never take it out");
+        assert_eq!(held_state(&s(&flap)), Ready, "down and ready in turn never take it out");
         let mut held = s(&[Down; 3]);
         held.extend((0..20).map(|i| Some(if i % 3 == 2 { Ready } else { Down })));
-        assert_eq!(held_state(None, &held), Down, "and a down backend that blinks ready stays down");
-        assert_eq!(held_state(Some(Drain), &[None, None, None]), Drain, "silence carries");
-        assert_eq!(held_state(None, &[]), Ready);
+        assert_eq!(held_state(&held), Down, "and a down backend that blinks ready stays down");
+        assert_eq!(held_state(&s(&[Down, Drain, Down, Drain])), Drain, "down and drain in turn drain");
+        // A missed answer does not complete a run: down, ready, (none), down is no run.
+        assert_eq!(held_state(&[Some(Ready), Some(Down), Some(Ready), None, Some(Down), Some(Ready)]), Ready);
+        assert_eq!(held_state(&[Some(Down), None, Some(Down), None, Some(Down)]), Down, "silence between answers does not break one");
+        assert_eq!(held_state(&[]), Ready);
+    }
+
+    #[test]
+    fn a_capacity_that_flaps_moves_nothing() {
+        for pattern in [vec![0u8, 100], vec![0, 0, 100, 100], vec![20, 100, 100], vec![30, 30, 100, 100, 100]] {
+            let r: Vec<Option<u8>> = (0..60).map(|i| Some(pattern[i % pattern.len()])).collect();
+            let held: Vec<u32> = (30..60).map(|e| effective_capacity(&r[..e + 1], e as u64)).collect();
+            let changes = held.windows(2).filter(|w| w[0] != w[1]).count();
+            assert!(changes <= 3, "{pattern:?}: {held:?}");
+        }
     }
 
     #[test]
