@@ -96,6 +96,14 @@ PY
 
 field() { tr ' ' '\n' <<<"$1" | grep "^$2=" | cut -d= -f2; }
 
+# wait_log with 15 s to wait: an agent's answer takes an interval to be latched, three to drain
+# or take out, and a capacity five or more to move.
+wait_load_log() { # PATTERN
+    wait_until 300 0.05 log_has "$1" 1 "$WORK/lb.log" && return 0
+    tail -20 "$WORK/lb.log" >&2
+    fail "no log line matching '$1'"
+}
+
 test_load_a_slower_backend_gets_less() { # MODE
     begin_test lbw load_teardown
     topo_up "$PREFIX" 3 "$1" || fail "topology"
@@ -220,29 +228,29 @@ assert shares[0] < 0.15 and shares[-1] > 0.18, shares
 assert max(shares) <= 0.25 + 0.09, shares
 assert not any(r[1] == "FAIL" for r in rows), "connections failed"
 PY
-    wait_log "load: web backend b4 10.99.0.14 is served at 10% of its weight (slow start 10%)" 1
-    wait_log "load: web backend b4 10.99.0.14 is served at its full weight$" 1
+    wait_load_log "load: web backend b4 10.99.0.14 is served at 10% of its weight (slow start 10%)"
+    wait_load_log "load: web backend b4 10.99.0.14 is served at its full weight$"
 
     # (2) What agents say. drain: no new connections on b1, its held ones stay.
     echo drain >"$WORK/override-b1"
-    wait_log "load: web backend b1 10.99.0.11 drains (agent says drain)" 1
+    wait_load_log "load: web backend b1 10.99.0.11 drains (agent says drain)"
     probe "$WORK/drained" --vip 10.99.0.100 --port 80 --sources 10.99.0.52 --count 200 || fail "connections with b1 drained"
     ! grep -q ' b1$' "$WORK/drained" || fail "a new connection went to the drained b1"
     # down: b2 is out, new and tracked connections alike.
     echo down >"$WORK/override-b2"
-    wait_log "load: web backend b2 10.99.0.12 is out (agent says down)" 1
+    wait_load_log "load: web backend b2 10.99.0.12 is out (agent says down)"
     probe "$WORK/down" --vip 10.99.0.100 --port 80 --sources 10.99.0.53 --count 200 || fail "connections with b2 down"
     ! grep -qE ' b[12]$' "$WORK/down" || fail "a new connection went to b1 or b2"
     # garbage: counted, and the last good report (80%) stands: b3's weight does not move.
     local w3
     echo 80% >"$WORK/override-b3"
-    wait_log "load: web backend b3 10.99.0.13 is served at 80% of its weight (agent 80%)" 1
+    wait_load_log "load: web backend b3 10.99.0.13 is served at 80% of its weight (agent 80%)"
     w3=$(metric 'lb_backend_effective_weight\{service="web",vip="10.99.0.100",backend="b3"\}')
     [ "$w3" = 0.8 ] || fail "b3's effective weight at 80% is $w3"
     echo "75 percent, please" >"$WORK/override-b3"
     wait_until 100 0.1 sh -c "[ \"\$(ip netns exec $PREFIX-lb curl -sf http://127.0.0.1:9100/metrics | grep -c 'lb_agent_answers_total{service=\"web\",backend=\"b3\",outcome=\"garbage\"} [3-9]')\" = 1 ]" ||
         fail "garbage was not counted"
-    wait_log "load: web backend b3 10.99.0.13's agent: .*is neither a capacity nor ready, drain or down.*(garbage); its last good report stands" 1
+    wait_load_log "load: web backend b3 10.99.0.13's agent: .*is neither a capacity nor ready, drain or down.*(garbage); its last good report stands"
     [ "$(metric 'lb_backend_effective_weight\{service="web",vip="10.99.0.100",backend="b3"\}')" = "$w3" ] || fail "garbage moved b3's weight"
     # silence (the agent stopped): counted as failed, the weight as it was.
     kill -STOP "$(cat "$WORK/agent-b3.pid")"
@@ -250,7 +258,7 @@ PY
         fail "silence was not counted"
     kill -CONT "$(cat "$WORK/agent-b3.pid")"
     [ "$(metric 'lb_backend_effective_weight\{service="web",vip="10.99.0.100",backend="b3"\}')" = "$w3" ] || fail "silence moved b3's weight"
-    wait_log "load: web backend b3 10.99.0.13's agent: timeout (failed)" 1
+    wait_load_log "load: web backend b3 10.99.0.13's agent: timeout (failed)"
     hold_wait "a held connection broke (only b2's may)"
     say "(2) drain: no new connection on b1; down: b2 out; garbage and silence counted, b3's weight stayed $w3; held: $(hold_summary)"
 }
