@@ -348,6 +348,6 @@ PY
     wait "$sampler" || true
     local other
     other=$(grep -vcF "$want" "$WORK/restart-digests" || true)
-    [ "$other" = 0 ] || fail "the restarted node served another table in $other of $(grep -c . "$WORK/restart-digests") samples: $(sort | uniq -c <"$WORK/restart-digests")"
+    [ "$other" = 0 ] || fail "the restarted node served another table in $other of $(grep -c . "$WORK/restart-digests") samples: $(sort "$WORK/restart-digests" | uniq -c)"
     say "nb restarted with --pin: its table was na's in all $(grep -c . "$WORK/restart-digests") samples, before and after it adopted its plane"
 }
