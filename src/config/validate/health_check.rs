@@ -34,13 +34,7 @@ impl Validator<'_> {
         http_only("expect")?;
         let path = match Self::get(f, "path") {
             None => "/".to_string(),
-            Some(n) => {
-                let s = self.string(n, &at.key("path"), "a path such as /healthz")?;
-                if !s.starts_with('/') || s.len() > 1024 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(self.err(&at.key("path"), format!("`{s}` is not a path: it must start with / and hold no spaces")));
-                }
-                s.to_string()
-            }
+            Some(n) => self.http_path(n, &at.key("path"), "a path such as /healthz")?,
         };
         let expect = match Self::get(f, "expect") {
             None => (200, 399),

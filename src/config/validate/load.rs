@@ -14,13 +14,7 @@ impl Validator<'_> {
         let port = self.integer(self.required(f, &at, "port")?, &at.key("port"), 1, 65535)? as u16;
         let path = match Self::get(f, "path") {
             None => None,
-            Some(n) => {
-                let s = self.string(n, &at.key("path"), "a path such as /load")?;
-                if !s.starts_with('/') || s.len() > 1024 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(self.err(&at.key("path"), format!("`{s}` is not a path: it must start with / and hold no spaces")));
-                }
-                Some(s.to_string())
-            }
+            Some(n) => Some(self.http_path(n, &at.key("path"), "a path such as /load")?),
         };
         let interval = match Self::get(f, "interval") {
             None => std::time::Duration::from_secs(2),

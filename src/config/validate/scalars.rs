@@ -40,6 +40,16 @@ impl Validator<'_> {
         }
     }
 
+    /// An HTTP request path (`what` names an example for the error): starts with `/`, at most
+    /// 1024 bytes, no whitespace or control characters.
+    pub(super) fn http_path(&self, node: &Node, at: &FieldPath, what: &str) -> Result<String, ConfigError> {
+        let s = self.string(node, at, what)?;
+        if !s.starts_with('/') || s.len() > 1024 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(self.err(at, format!("`{s}` is not a path: it must start with / and hold no spaces")));
+        }
+        Ok(s.to_string())
+    }
+
     pub(super) fn integer(&self, node: &Node, at: &FieldPath, lo: u32, hi: u32) -> Result<u32, ConfigError> {
         let msg = || format!("expected an integer {lo}..={hi}");
         match node {
