@@ -19,7 +19,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use lb::load::unix_ms;
 
 use anyhow::{bail, Context, Result};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -105,10 +107,6 @@ fn capacity(before: Reading, after: Reading, request_cpu: Option<f64>, cpus: u32
             Some((100.0 * (1.0 - busy)).round().clamp(0.0, 100.0) as u32)
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Why a reading failed: the process is gone (answer `down`), or a read that may work next time.

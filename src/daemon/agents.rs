@@ -6,12 +6,12 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use lb::config::{AgentCheck, Pool};
-use lb::load::{self, decided_epoch, epoch_at, epoch_length, point_in, Adjustment, Key, Loads, DECIDE_AT, POLL_AT};
+use lb::load::{self, decided_epoch, epoch_at, epoch_length, point_in, unix_ms, Adjustment, Key, Loads, DECIDE_AT, POLL_AT};
 
 use super::describe::label_of;
 use super::probe::{connect, read_until, send_get, status_code, Prober};
@@ -24,12 +24,6 @@ const AGENT_WORKERS: usize = 64;
 const ANSWER_LIMIT: usize = 4096;
 /// The result of an ask that waited for a worker until its epoch was decided.
 const NOT_ASKED: &str = "not asked: every worker was busy until the interval's weights were decided";
-
-/// Milliseconds since the Unix epoch: agents are asked by the wall clock, which every node
-/// shares, not by this process's monotonic clock.
-pub(super) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 /// One answer's outcome, for the metrics and the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

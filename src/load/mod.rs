@@ -55,6 +55,12 @@ fn millis(len: Duration) -> u64 {
     (len.as_millis() as u64).max(1)
 }
 
+/// Milliseconds since the Unix epoch: intervals are cut from the wall clock, which every node
+/// and agent shares, not from a process's monotonic clock.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The epoch `unix_ms` falls in.
 pub fn epoch_at(unix_ms: u64, len: Duration) -> u64 {
     unix_ms / millis(len)
