@@ -19,6 +19,7 @@ pub mod diff;
 pub mod flowhash;
 pub mod health;
 pub mod load;
+pub mod quic_lb;
 pub mod metrics;
 pub mod plan;
 pub mod report;
