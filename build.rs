@@ -43,9 +43,11 @@ fn main() {
     if layout_test {
         args.push(OsString::from("-DLB_LAYOUT_TEST"));
     }
+    let clang = pick_clang();
     for (src, skel) in PROGRAMS {
         SkeletonBuilder::new()
             .source(manifest.join(src))
+            .clang(&clang)
             .clang_args(args.clone())
             .build_and_generate(out_dir.join(skel))
             .unwrap_or_else(|e| panic!("building the BPF skeleton from {src} failed: {e:#}"));
@@ -68,6 +70,34 @@ fn main() {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     println!("cargo:rerun-if-changed={}", vmlinux_dir.join("vmlinux.h").display());
+}
+
+/// The clang that compiles the BPF programs: $LB_CLANG if set, else the newest versioned clang
+/// found (clang-19 down to clang-15), else `clang`. The data plane keeps the kernel's AES
+/// context for QUIC-LB as a kernel pointer in a map (src/bpf/quic.h), which the verifier knows
+/// only by a BTF type tag; clang 14 (Debian 12's `clang`) does not emit those, so an older one
+/// is refused here with the way out, rather than failing at load time on every machine.
+fn pick_clang() -> PathBuf {
+    println!("cargo:rerun-if-env-changed=LB_CLANG");
+    let candidates: Vec<String> = match env::var("LB_CLANG") {
+        Ok(c) => vec![c],
+        Err(_) => (15..=19).rev().map(|v| format!("clang-{v}")).chain(["clang".to_string()]).collect(),
+    };
+    for c in candidates {
+        let Ok(out) = std::process::Command::new(&c).arg("--version").output() else { continue };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let major = text
+            .split("clang version ")
+            .nth(1)
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok())
+            .unwrap_or(0);
+        if major >= 15 {
+            return PathBuf::from(c);
+        }
+        panic!("{c} is clang {major}: the data plane needs clang >= 15 (BTF type tags); scripts/setup.sh installs clang-19, or set LB_CLANG");
+    }
+    panic!("no clang found: the data plane needs clang >= 15; scripts/setup.sh installs clang-19, or set LB_CLANG")
 }
 
 /// FNV-1a, 64 bits: enough to tell two builds apart, and no dependency for the build script.

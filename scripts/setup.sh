@@ -21,7 +21,8 @@ install() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${opts[@]}" "${missing[@]}" >/dev/null
 }
 
-install clang llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool bpftool strace
+# clang-19: the data plane needs clang >= 15 (build.rs); Debian 12's `clang` is 14.
+install clang-19 llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool bpftool strace
 # The monitoring test's real Prometheus (and promtool) and headless browser, and the fleet
 # test's BIRD, without the recommended packages (with them, about 165 more).
 install --no-install-recommends prometheus chromium curl bird2

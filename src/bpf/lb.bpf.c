@@ -13,7 +13,8 @@
  *
  * This file holds the entry and the per-family handlers; each step lives in the header of its
  * concern: parse.h (headers and ports), route.h (service, slot, backend, send), hash.h (the flow
- * hash), flow.h (the flow tables), conntrack.h (connection tracking's policy), encap.h (IPIP/GUE), icmp.h ("too big" answers), csum.h,
+ * hash), flow.h (the flow tables), conntrack.h (connection tracking's policy), quic.h (QUIC-LB
+ * connection-ID routing), encap.h (IPIP/GUE), icmp.h ("too big" answers), csum.h,
  * and maps.h (the maps and counters). They are included in the order their names are used. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -28,6 +29,7 @@
 #include "encap.h"
 #include "frag.h"
 #include "route.h"
+#include "quic.h"
 #include "flow.h"
 #include "conntrack.h"
 
@@ -231,6 +233,12 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	l[0] = (__u64)iph->saddr | (__u64)iph->daddr << 32;
 	l[1] = (__u64)ports | (__u64)iph->protocol << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash4(iph->saddr) : hash16(l[0], l[1]);
+	if ((svc->flags & LB_SVC_QUIC_LB) && iph->protocol == IPPROTO_UDP) {
+		__u32 id = quic_route(p->ctx, &svc->key, c->pos - (void *)(long)p->ctx->data, tot - hlen - sizeof(struct udphdr));
+
+		if (id)
+			return to_backend(p, svc, id);
+	}
 	if (svc->flags & LB_SVC_CONNTRACK) {
 		__u32 id = by_stable_slot(p, svc, iph->protocol, tcp_flags);
 
@@ -314,6 +322,12 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	}
 	l[4] = (__u64)ports | (__u64)nh << 32;
 	p->hash = svc->hash_mode == LB_HASH_CLIENT_IP ? hash16(l[0], l[1]) : hash40(l);
+	if ((svc->flags & LB_SVC_QUIC_LB) && nh == IPPROTO_UDP) {
+		__u32 id = quic_route(p->ctx, &svc->key, c->pos - (void *)(long)p->ctx->data, left - sizeof(struct udphdr));
+
+		if (id)
+			return to_backend(p, svc, id);
+	}
 	if (svc->flags & LB_SVC_CONNTRACK) {
 		__u32 id = by_stable_slot(p, svc, nh, tcp_flags);
 

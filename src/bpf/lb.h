@@ -88,6 +88,34 @@ enum lb_service_flags {
 	LB_SVC_CONNTRACK = 1,     /* established flows keep their backend through the flows map */
 	LB_SVC_SECOND_CHANCE = 2, /* GUE only: each packet carries the other backends that may hold
 				   * its connection (a hop list, struct lb_gue_hops), from table_hops */
+	LB_SVC_QUIC_LB = 4,       /* UDP only: QUIC packets whose destination connection ID names a
+				   * server go to it (quic.h; quic_configs holds the parameters) */
+};
+
+/* QUIC-LB (draft-ietf-quic-load-balancers-21; docs/quic-lb.md): a service's connection-ID
+ * configuration, value of quic_configs keyed by the service key. Written before the service's
+ * route carries LB_SVC_QUIC_LB, and replaced whole. */
+struct lb_quic_config {
+	__u8 rotation;  /* the config rotation bits (0..6) its IDs carry in their first octet's top 3 */
+	__u8 sid_len;   /* server ID octets (1..15) */
+	__u8 nonce_len; /* nonce octets (4..18); sid_len + nonce_len <= 19 */
+	__u8 encrypted; /* 1: the IDs are encrypted with the service's key (its AES context in
+			 * quic_aes); 0: the server ID is in plain sight */
+};
+
+/* Key of quic_servers: a server ID of a service (padded with zeros to 16 octets), whose value is
+ * the backend id (__u32) that issued it. */
+struct lb_quic_server {
+	struct lb_service_key service;
+	__u8 sid[16];
+};
+
+/* The context of the syscall program quic_set_key (quic.h), which makes the kernel's AES-128
+ * context for a service's key and keeps it in quic_aes; its return value is 0 or -errno. */
+struct lb_quic_key_arg {
+	struct lb_service_key service;
+	__u8 key[16];
+	__u32 remove; /* 1: forget the service's context instead */
 };
 
 /* The flow table: which backend each tracked flow started on. A set-associative array rather
@@ -337,6 +365,17 @@ enum lb_stat {
 	LB_CT_STABLE,          /* a tracked packet of an established TCP flow on a stable slot: sent by
 				* the table without a flow-table lookup (the lookup would have said
 				* the same; lb_slot_bits) */
+	/* QUIC-LB services (LB_SVC_QUIC_LB): each UDP packet of one is counted once below, as
+	 * routed by its connection ID or as fallen back (to the flow table and the destination
+	 * table, as for any UDP flow) for one reason. */
+	LB_QUIC_ROUTED,         /* sent to the backend whose server ID its destination connection ID carries */
+	LB_QUIC_CLIENT_ID,      /* an Initial or 0-RTT packet (QUIC v1 or v2): its ID was chosen by the client */
+	LB_QUIC_UNROUTABLE,     /* config rotation bits 0b111: a server without a configuration chose it */
+	LB_QUIC_OTHER_CONFIG,   /* rotation bits of no configuration of this service */
+	LB_QUIC_SHORT,          /* too short for a QUIC packet carrying this configuration's IDs */
+	LB_QUIC_UNKNOWN_SERVER, /* a server ID no backend of the pool has */
+	LB_QUIC_UNUSABLE,       /* the server ID of a backend that is down (unhealthy or removed) */
+	LB_QUIC_NO_KEY,         /* encrypted, and the kernel's AES context is missing or failed */
 	LB_STAT_MAX,
 };
 
