@@ -151,6 +151,7 @@ impl Balancer {
         }
         self.state = plan.state;
         self.marks.after(&self.dp, &self.state.services, &plan.ops)?;
+        self.dp.sync_quic(pool, &self.state.services)?;
         Ok(applied)
     }
 

@@ -130,6 +130,9 @@ pub struct Backend {
     pub name: Option<String>,
     pub weight: u32,
     pub state: BackendState,
+    /// The QUIC-LB server ID its connection IDs carry (`quic_lb:` services only): the file's
+    /// `server_id`, or derived from the identity ([`crate::quic_lb::derived_server_id`]).
+    pub server_id: Option<Vec<u8>>,
 }
 
 /// `state:` of a backend.
@@ -204,6 +207,29 @@ pub struct Service {
     pub agent: Option<AgentCheck>,
     /// `slow_start:`: a backend that joins or comes back ramps up to its weight.
     pub slow_start: Option<SlowStart>,
+    /// `quic_lb:` (UDP): QUIC packets go to the backend whose server ID their connection ID
+    /// carries (src/quic_lb/, src/bpf/quic.h, docs/quic-lb.md).
+    pub quic_lb: Option<QuicLb>,
+}
+
+/// `quic_lb:`: the QUIC-LB configuration (draft-ietf-quic-load-balancers-21) its backends
+/// issue connection IDs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuicLb {
+    /// The config rotation bits (0..=6) in the first octet of every ID.
+    pub rotation: u8,
+    pub server_id_len: u8,
+    pub nonce_len: u8,
+    /// The AES-128 key of encrypted IDs; None: the server ID is in plain sight.
+    pub key: Option<[u8; 16]>,
+}
+
+impl QuicLb {
+    /// The codec's configuration.
+    pub fn codec(&self) -> crate::quic_lb::Config {
+        crate::quic_lb::Config::new(self.rotation, self.server_id_len as usize, self.nonce_len as usize, self.key)
+            .expect("validated when the pool was read")
+    }
 }
 
 /// How a service's backends are asked for their load (`agent:`; docs/load.md).

@@ -62,7 +62,8 @@ pub(super) fn route_value(r: &plan::Route) -> types::lb_service {
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
         flags: if r.conntrack { types::lb_service_flags::LB_SVC_CONNTRACK.0 } else { 0 }
-            | if r.second_chance { types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 } else { 0 },
+            | if r.second_chance { types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 } else { 0 }
+            | if r.quic_lb { types::lb_service_flags::LB_SVC_QUIC_LB.0 } else { 0 },
         forward: match r.forward {
             Forward::L2 => types::lb_forward::LB_FWD_L2.0,
             Forward::Ipip => types::lb_forward::LB_FWD_IPIP.0,
@@ -89,6 +90,7 @@ pub(super) fn route_of(r: &types::lb_service) -> Option<plan::Route> {
         },
         gue_port: u16::from_be(r.gue_port),
         second_chance: r.flags & types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 != 0,
+        quic_lb: r.flags & types::lb_service_flags::LB_SVC_QUIC_LB.0 != 0,
         table_len: r.table_len,
     })
 }

@@ -16,6 +16,7 @@ pub mod link;
 pub mod live;
 pub mod netlink;
 pub mod pin;
+mod quic;
 mod reuse;
 pub mod stable;
 mod write;
@@ -70,6 +71,9 @@ pub struct Dataplane {
     /// The .bss map was reused from a pin: the skeleton's mapping of it is then a copy, not
     /// the map (libbpf maps only the maps it creates), and settings are written through.
     bss_reused: bool,
+    /// The QUIC-LB key each service's AES context in quic_aes was made from, as this process
+    /// installed it (the kernel never gives a key back): src/dataplane/quic.rs.
+    quic_keys: HashMap<crate::plan::RouteKey, [u8; 16]>,
 }
 
 /// Flow-table entries by default (`--conntrack-size`): 262,144, 4 MiB of kernel memory (and
@@ -158,7 +162,7 @@ impl Dataplane {
         );
         let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
         let flow_maps = stable::FlowMaps::new(&skel)?;
-        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false, bss_reused: reuse.is_some() && !fresh.contains(&"bss") };
+        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false, bss_reused: reuse.is_some() && !fresh.contains(&"bss"), quic_keys: HashMap::new() };
         // The settings as the reused map holds them, so that what is written through from now
         // on starts from them.
         if dp.bss_reused {

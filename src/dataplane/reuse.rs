@@ -18,7 +18,7 @@ use super::{pin, prog_id, types, Dataplane, FLOW_WAYS};
 
 /// The maps a data plane pins, by file name. The table maps come first: they must all be reused
 /// for a controller to adopt a data plane in place.
-pub const PINNED_MAPS: [&str; 19] = [
+pub const PINNED_MAPS: [&str; 22] = [
     "vip_index",
     "routes",
     "services",
@@ -38,10 +38,14 @@ pub const PINNED_MAPS: [&str; 19] = [
     "table_hops",
     "flow_records",
     "pending_records",
+    "quic_configs",
+    "quic_servers",
+    "quic_aes",
 ];
 /// Maps that a data plane of an earlier version does not pin: a reader of a pinned plane does
 /// without them.
-pub const OPTIONAL_MAPS: [&str; 4] = ["flow_key", "table_hops", "flow_records", "pending_records"];
+pub const OPTIONAL_MAPS: [&str; 7] =
+    ["flow_key", "table_hops", "flow_records", "pending_records", "quic_configs", "quic_servers", "quic_aes"];
 const TABLE_MAPS: usize = 10;
 /// Maps whose size user space sets (a reused one keeps its pinned size).
 const SIZED_MAPS: [&str; 6] = ["table_slots", "table_hops", "flows", "flow_pending", "flow_records", "pending_records"];
@@ -90,6 +94,9 @@ pub(super) fn open_maps<'a, 'o>(open: &'a mut skel::OpenLbSkel<'o>) -> Vec<(&'st
         ("table_hops", &mut m.table_hops),
         ("flow_records", &mut m.flow_records),
         ("pending_records", &mut m.pending_records),
+        ("quic_configs", &mut m.quic_configs),
+        ("quic_servers", &mut m.quic_servers),
+        ("quic_aes", &mut m.quic_aes),
     ]
 }
 
@@ -115,6 +122,9 @@ pub(super) fn loaded_maps<'a, 'o>(skel: &'a LbSkel<'o>) -> Vec<(&'static str, &'
         ("table_hops", &m.table_hops),
         ("flow_records", &m.flow_records),
         ("pending_records", &m.pending_records),
+        ("quic_configs", &m.quic_configs),
+        ("quic_servers", &m.quic_servers),
+        ("quic_aes", &m.quic_aes),
     ]
 }
 

@@ -62,6 +62,8 @@ pub struct Route {
     pub gue_port: u16,
     /// Second chance: packets carry the hops of their slot (table_hops).
     pub second_chance: bool,
+    /// QUIC-LB: QUIC packets go by the server ID in their connection ID (quic_configs).
+    pub quic_lb: bool,
     /// The length of the table's range in the table array (`slots` may be 0: an empty table).
     pub table_len: u32,
 }

@@ -56,6 +56,9 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if old.second_chance != new.second_chance {
         out.push(format!("second_chance {} -> {}", on_off(old.second_chance), on_off(new.second_chance)));
     }
+    if old.quic_lb != new.quic_lb {
+        out.push(format!("quic_lb {} -> {}", on_off(old.quic_lb), on_off(new.quic_lb)));
+    }
     let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
     let after: HashSet<&str> = new.backends.iter().map(|b| b.identity.as_str()).collect();
     for b in &new.backends {

@@ -44,6 +44,8 @@ pub struct LiveService {
     pub gue_port: u16,
     /// `second_chance: on`.
     pub second_chance: bool,
+    /// `quic_lb:` is set.
+    pub quic_lb: bool,
     /// Its second-chance hops as written: per slot, two backend ids (0 = none); empty when the
     /// service has none, or when they are unknown (a state rebuilt from the maps: the next plan
     /// writes them all).
@@ -319,6 +321,7 @@ impl State {
                 forward: route.forward,
                 gue_port: route.gue_port,
                 second_chance: route.second_chance,
+                quic_lb: route.quic_lb,
                 hops: Vec::new(),
                 // The maps do not say which builder made a table: the file's is taken, so an
                 // adoption reports no builder change (the tables themselves are compared).

@@ -367,6 +367,7 @@ fn live_service(s: &Service, base: u32, owners: Vec<u32>, hops: Vec<[u32; 2]>, b
         forward: s.forward,
         gue_port: s.gue_port,
         second_chance: s.second_chance,
+        quic_lb: s.quic_lb.is_some(),
         hops,
         algorithm: s.algorithm,
         algorithm_param: algorithm_param(s),
@@ -387,6 +388,7 @@ fn change(old: Option<&LiveService>, new: &LiveService, written: usize) -> Optio
                 || o.forward != new.forward
                 || o.gue_port != new.gue_port
                 || o.second_chance != new.second_chance
+                || o.quic_lb != new.quic_lb
                 || o.hops != new.hops
                 || o.algorithm != new.algorithm
                 || o.algorithm_param != new.algorithm_param
@@ -439,6 +441,7 @@ fn route_to(s: &LiveService, key: RouteKey, hash: HashMode, conntrack: bool) -> 
         forward: s.forward,
         gue_port: s.gue_port,
         second_chance: s.second_chance,
+        quic_lb: s.quic_lb && key.port != 0,
         table_len: s.slots,
     }
 }
@@ -645,6 +648,7 @@ mod tests {
             forward: crate::config::Forward::Gue,
             gue_port: 6080,
             second_chance: true,
+            quic_lb: false,
             hops: vec![[2, 0], [0, 0], [0, 3]],
             algorithm: crate::config::Algorithm::Maglev,
             algorithm_param: 0,

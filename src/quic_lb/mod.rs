@@ -8,5 +8,7 @@
 //! data plane or generator yet.
 
 mod codec;
+mod ids;
 
 pub use codec::{decode_server_id, encode, Config, ConfigError, UNROUTABLE};
+pub use ids::{derived_server_id, hex, parse_hex};

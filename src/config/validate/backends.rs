@@ -64,9 +64,9 @@ impl Validator<'_> {
     fn backend(&self, node: &Node, at: &FieldPath) -> Result<Backend, ConfigError> {
         // A bare address is a handy shorthand: `- 10.0.0.1`.
         if let Node::Str(_) = node {
-            return Ok(Backend { address: self.address(node, at)?, name: None, weight: 1, state: BackendState::Active });
+            return Ok(Backend { address: self.address(node, at)?, name: None, weight: 1, state: BackendState::Active, server_id: None });
         }
-        let f = self.mapping(node, at, &["address", "name", "weight", "state"])?;
+        let f = self.mapping(node, at, &["address", "name", "weight", "state", "server_id"])?;
         let address = self.address(self.required(f, at, "address")?, &at.key("address"))?;
         let name = match Self::get(f, "name") {
             None => None,
@@ -87,6 +87,10 @@ impl Validator<'_> {
             None => BackendState::Active,
             Some(n) => self.choice(n, &at.key("state"), &[("active", BackendState::Active), ("drain", BackendState::Drain)])?,
         };
-        Ok(Backend { address, name, weight, state })
+        let server_id = match Self::get(f, "server_id") {
+            None => None,
+            Some(n) => Some(self.hex(n, &at.key("server_id"), "a server ID in hex, such as '0a1b'")?),
+        };
+        Ok(Backend { address, name, weight, state, server_id })
     }
 }

@@ -16,6 +16,7 @@ mod algorithm;
 mod backends;
 mod health_check;
 mod load;
+mod quic_lb;
 mod scalars;
 mod service;
 

@@ -27,6 +27,7 @@ const KEYS: &[&str] = &[
     "second_chance",
     "agent",
     "slow_start",
+    "quic_lb",
 ];
 
 /// Where a service listens: `name`, `vip`, `port` and `protocol`.
@@ -56,6 +57,8 @@ impl Validator<'_> {
         };
         let agent = self.agent(f, at)?;
         let slow_start = self.slow_start(f, at)?;
+        let quic_lb = self.quic_lb(f, at, protocol)?;
+        let backends = self.server_ids(backends, quic_lb.as_ref(), &at.key("backends"))?;
         let svc = Service {
             name: name.to_string(),
             vip,
@@ -74,6 +77,7 @@ impl Validator<'_> {
             second_chance,
             agent,
             slow_start,
+            quic_lb,
         };
         self.ring_size(&svc, at)?;
         self.scaled_ring_size(&svc, at)?;

@@ -1,0 +1,213 @@
+//! QUIC-LB in the data plane, through BPF_PROG_TEST_RUN on the real program and maps: the
+//! draft's test vectors (appendix B and section 5.4.2.4, misprints resolved as docs/quic-lb.md
+//! says), every server-ID and nonce length in both modes, and each fallback counted by reason.
+//! Every routed packet goes to a backend of weight 0, which the destination table never picks:
+//! a packet that reaches it was routed by its connection ID and nothing else.
+//! Needs root (CAP_BPF): run with `cargo test --test root_quic_lb`.
+
+mod common;
+
+use std::fmt::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use common::packet::*;
+use lb::balancer::Balancer;
+use lb::config::{BackendState, Pool};
+use lb::dataplane::types::lb_stat;
+use lb::quic_lb::{encode, hex, parse_hex, Config};
+
+const KEY_B2: &str = "8f95f09245765f80256934e50c66207f";
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+
+/// (rotation, server ID, nonce, key, connection ID): appendix B.1 (row 2 with its fields
+/// zero-padded), B.2 (row 4 under the rotation its first octet says, 0), section 5.4.2.4, and
+/// quiche's RunOutOfNonces vector.
+const VECTORS: &[(u8, &str, &str, Option<&str>, &str)] = &[
+    (0, "c4605e", "4504cc4f", None, "07c4605e4504cc4f"),
+    (1, "350d28b420", "03487d970b", None, "2a350d28b42003487d970b"),
+    (0, "ed793a", "ee080dbf", Some(KEY_B2), "0720b1d07b359d3c"),
+    (1, "ed793a51d49b8f5fab65", "ee080dbf48", Some(KEY_B2), "2fcc381bc74cb4fbad2823a3d1f8fed2"),
+    (2, "ed793a51d49b8f5f", "ee080dbf48c0d1e5", Some(KEY_B2), "504dd2d05a7b0de9b2b9907afb5ecf8cc3"),
+    (0, "ed793a51d49b8f5fab", "ee080dbf48c0d1e55d", Some(KEY_B2), "125779c9cc86beb3a3a4a3ca96fce4bfe0cdbc"),
+    (0, "31441a", "9c69c275", Some("fdf726a9893ec05c0632d3956680baf0"), "0767947d29be054a"),
+    (0, "ed793a", "edbeadde", Some(KEY_B2), "0760a75aea676ad6"),
+];
+
+fn mac(a: IpAddr) -> Option<[u8; 6]> {
+    Some(common::backend_mac(a))
+}
+
+/// A UDP service on port `port` of 10.0.0.1 with `quic` (YAML flow mapping), whose backend
+/// 10.<port/256>.<port%256>.1 has server ID `sid` and weight 0, and whose decoy .2 has weight 1
+/// (and a server ID of its own).
+fn service(text: &mut String, port: u16, quic: &str, sid: &str, decoy_sid: &str) {
+    let (a, b) = (port / 256, port % 256);
+    writeln!(
+        text,
+        "  - {{name: q{port}, vip: 10.0.0.1, port: {port}, protocol: udp, slots: 13, conntrack: off, quic_lb: {quic}, backends: [{{address: 10.{a}.{b}.1, weight: 0, server_id: '{sid}'}}, {{address: 10.{a}.{b}.2, server_id: '{decoy_sid}'}}]}}"
+    )
+    .expect("string");
+}
+
+fn target(port: u16) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, (port / 256) as u8, (port % 256) as u8, 1))
+}
+
+fn decoy(port: u16) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, (port / 256) as u8, (port % 256) as u8, 2))
+}
+
+/// A short-header packet (fixed bit set) carrying `cid`, with a packet number and 24 octets of
+/// "protected payload" behind it, as UDP from the client to port `port`.
+fn short_header(port: u16, sport: u16, cid: &[u8]) -> Vec<u8> {
+    let mut q = vec![0x41];
+    q.extend_from_slice(cid);
+    q.extend_from_slice(&[0x5a; 25]);
+    ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport, dport: port }, &V4Opts::default(), &q)
+}
+
+/// A long-header packet of `version` and `type` bits, with `dcid`, an 8-octet source ID and 40
+/// octets of the rest.
+fn long_header(port: u16, sport: u16, version: u32, ptype: u8, dcid: &[u8]) -> Vec<u8> {
+    let mut q = vec![0xc0 | ptype << 4];
+    q.extend_from_slice(&version.to_be_bytes());
+    q.push(dcid.len() as u8);
+    q.extend_from_slice(dcid);
+    q.push(8);
+    q.extend_from_slice(&[0x33; 8]);
+    q.extend_from_slice(&[0x44; 40]);
+    ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport, dport: port }, &V4Opts::default(), &q)
+}
+
+/// The backend a frame went to (by its destination MAC), or None if it was not sent.
+fn sent_to(dp: &Balancer, frame: &[u8]) -> Option<[u8; 6]> {
+    let (action, out) = dp.test_run(frame).expect("test run");
+    (action == XDP_TX).then(|| out[0..6].try_into().expect("a MAC"))
+}
+
+fn load(text: &str) -> (Balancer, Pool) {
+    common::require_root();
+    let pool = common::pool(text);
+    let mut dp = Balancer::load(1 << 20).expect("load");
+    dp.install(&pool, IFMAC, &mac).expect("install");
+    (dp, pool)
+}
+
+fn quic_yaml(rotation: u8, sid_len: usize, nonce_len: usize, key: Option<&str>) -> String {
+    let key = key.map(|k| format!(", key: '{k}'")).unwrap_or_default();
+    format!("{{rotation: {rotation}, server_id_len: {sid_len}, nonce_len: {nonce_len}{key}}}")
+}
+
+#[test]
+fn root_the_drafts_vectors_route_to_their_server() {
+    let mut text = String::from("services:\n");
+    for (i, &(rot, sid, nonce, key, _)) in VECTORS.iter().enumerate() {
+        let decoy_sid = hex(&vec![0xee; sid.len() / 2]);
+        service(&mut text, 1000 + i as u16, &quic_yaml(rot, sid.len() / 2, nonce.len() / 2, key), sid, &decoy_sid);
+    }
+    let (dp, _) = load(&text);
+    for (i, &(_, _, _, _, cid)) in VECTORS.iter().enumerate() {
+        let port = 1000 + i as u16;
+        let before = dp.stat(lb_stat::LB_QUIC_ROUTED).expect("stat");
+        let cid = parse_hex(cid).expect("hex");
+        for sport in [40000, 40001, 51234] {
+            assert_eq!(sent_to(&dp, &short_header(port, sport, &cid)), mac(target(port)), "vector {i} ({}) from port {sport}", hex(&cid));
+        }
+        assert_eq!(dp.stat(lb_stat::LB_QUIC_ROUTED).expect("stat"), before + 3, "vector {i}");
+    }
+}
+
+#[test]
+fn root_every_length_routes_in_both_modes() {
+    let mut text = String::from("services:\n");
+    let mut cases = Vec::new();
+    let mut port = 2000u16;
+    for sid_len in 1..=15usize {
+        for nonce_len in 4..=(19 - sid_len) {
+            for key in [None, Some(KEY_B2)] {
+                let sid: Vec<u8> = (0..sid_len as u8).map(|i| i.wrapping_mul(29).wrapping_add(port as u8)).collect();
+                let nonce: Vec<u8> = (0..nonce_len as u8).map(|i| i.wrapping_mul(53).wrapping_add(7)).collect();
+                let rot = (port % 7) as u8;
+                let config = Config::new(rot, sid_len, nonce_len, key.map(|k| parse_hex(k).expect("hex").try_into().expect("16"))).expect("valid");
+                let decoy_sid: Vec<u8> = sid.iter().map(|b| !b).collect();
+                service(&mut text, port, &quic_yaml(rot, sid_len, nonce_len, key), &hex(&sid), &hex(&decoy_sid));
+                cases.push((port, encode(&config, &sid, &nonce), key.is_some()));
+                port += 1;
+            }
+        }
+    }
+    let (dp, _) = load(&text);
+    for (port, cid, encrypted) in &cases {
+        assert_eq!(sent_to(&dp, &short_header(*port, 40000, cid)), mac(target(*port)), "{} (encrypted: {encrypted})", hex(cid));
+        // A Handshake packet (long header, server-chosen ID) likewise.
+        assert_eq!(sent_to(&dp, &long_header(*port, 40000, 1, 2, cid)), mac(target(*port)), "handshake {}", hex(cid));
+    }
+    assert_eq!(dp.stat(lb_stat::LB_QUIC_ROUTED).expect("stat"), 2 * cases.len() as u64);
+}
+
+/// Each reason a packet is not routed by its ID: it goes by the table (to the decoy), counted.
+#[test]
+fn root_what_cannot_be_routed_by_id_falls_back_counted_by_reason() {
+    let mut text = String::from("services:\n");
+    service(&mut text, 443, &quic_yaml(2, 2, 6, Some(KEY_B2)), "0a1b", "0c0d");
+    writeln!(text, "  - {{name: v6, vip: 'fd00::1', port: 443, protocol: udp, quic_lb: {{server_id_len: 1, nonce_len: 4}}, backends: [{{address: 'fd00::11', weight: 0, server_id: '11'}}, {{address: 'fd00::12', server_id: '12'}}]}}").expect("string");
+    let (mut dp, mut pool) = load(&text);
+    let config = Config::new(2, 2, 6, Some(parse_hex(KEY_B2).expect("hex").try_into().expect("16"))).expect("valid");
+    let nonce = [1, 2, 3, 4, 5, 6];
+    let ours = encode(&config, &[0x0a, 0x1b], &nonce);
+    let unknown = encode(&config, &[0x77, 0x77], &nonce);
+    let mut other_config = ours.clone();
+    other_config[0] = (other_config[0] & 0x1f) | 3 << 5;
+    let mut unroutable = ours.clone();
+    unroutable[0] |= 0xe0;
+    let check = |dp: &Balancer, what: &str, frame: Vec<u8>, stat: lb_stat, to: IpAddr| {
+        let before = dp.stat(stat).expect("stat");
+        assert_eq!(sent_to(dp, &frame), mac(to), "{what}");
+        assert_eq!(dp.stat(stat).expect("stat"), before + 1, "{what}: counted as {stat:?}");
+    };
+    check(&dp, "routable", short_header(443, 40000, &ours), lb_stat::LB_QUIC_ROUTED, target(443));
+    check(&dp, "v1 Initial with the server's ID", long_header(443, 40000, 1, 0, &ours), lb_stat::LB_QUIC_CLIENT_ID, decoy(443));
+    check(&dp, "v1 0-RTT", long_header(443, 40000, 1, 1, &ours), lb_stat::LB_QUIC_CLIENT_ID, decoy(443));
+    check(&dp, "v2 Initial (type 1)", long_header(443, 40000, 0x6b3343cf, 1, &ours), lb_stat::LB_QUIC_CLIENT_ID, decoy(443));
+    check(&dp, "v2 Handshake (type 3)", long_header(443, 40000, 0x6b3343cf, 3, &ours), lb_stat::LB_QUIC_ROUTED, target(443));
+    check(&dp, "0b111", short_header(443, 40000, &unroutable), lb_stat::LB_QUIC_UNROUTABLE, decoy(443));
+    check(&dp, "another rotation", short_header(443, 40000, &other_config), lb_stat::LB_QUIC_OTHER_CONFIG, decoy(443));
+    check(&dp, "an unknown server ID", short_header(443, 40000, &unknown), lb_stat::LB_QUIC_UNKNOWN_SERVER, decoy(443));
+    check(&dp, "a long header whose ID is too short", long_header(443, 40000, 1, 2, &ours[..8]), lb_stat::LB_QUIC_SHORT, decoy(443));
+    let tiny = ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000, dport: 443 }, &V4Opts::default(), &[0x41, 1, 2]);
+    check(&dp, "a datagram too short for QUIC", tiny, lb_stat::LB_QUIC_SHORT, decoy(443));
+    let empty = ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000, dport: 443 }, &V4Opts::default(), &[]);
+    check(&dp, "an empty datagram", empty, lb_stat::LB_QUIC_SHORT, decoy(443));
+    // IPv6, in plain sight.
+    let v6 = |cid: &[u8]| {
+        let mut q = vec![0x41];
+        q.extend_from_slice(cid);
+        q.extend_from_slice(&[0x5a; 25]);
+        ipv6("2001:db8::7".parse::<Ipv6Addr>().expect("addr"), "fd00::1".parse().expect("addr"), L4::Udp { sport: 40000, dport: 443 }, None, &q)
+    };
+    check(&dp, "IPv6", v6(&[0x07, 0x11, 9, 9, 9, 9]), lb_stat::LB_QUIC_ROUTED, "fd00::11".parse().expect("addr"));
+    // A backend that is down keeps its server ID but is not used: counted, and by the table.
+    pool.services[0].backends[0].state = BackendState::Down;
+    dp.apply(&pool).expect("apply");
+    check(&dp, "a down backend's ID", short_header(443, 40000, &ours), lb_stat::LB_QUIC_UNUSABLE, decoy(443));
+    // A removed backend's server ID is forgotten.
+    pool.services[0].backends.remove(0);
+    dp.apply(&pool).expect("apply");
+    check(&dp, "a removed backend's ID", short_header(443, 40000, &ours), lb_stat::LB_QUIC_UNKNOWN_SERVER, decoy(443));
+    assert!(dp.quic_servers().expect("servers").iter().all(|(_, sid, _)| sid != &[0x0a, 0x1b]), "forgotten");
+}
+
+/// The control: the same pool without `quic_lb` sends every one of those packets by the table.
+#[test]
+fn root_without_quic_lb_the_table_decides() {
+    let mut text = String::from("services:\n");
+    service(&mut text, 443, &quic_yaml(0, 2, 6, None), "0a1b", "0c0d");
+    let without = text.replace(", quic_lb: {rotation: 0, server_id_len: 2, nonce_len: 6}", "").replace(", server_id: '0a1b'", "").replace(", server_id: '0c0d'", "");
+    assert!(!without.contains("quic_lb"), "{without}");
+    let cid = encode(&Config::new(0, 2, 6, None).expect("valid"), &[0x0a, 0x1b], &[1, 2, 3, 4, 5, 6]);
+    let (on, _) = load(&text);
+    let (off, _) = load(&without);
+    assert_eq!(sent_to(&on, &short_header(443, 40000, &cid)), mac(target(443)));
+    assert_eq!(sent_to(&off, &short_header(443, 40000, &cid)), mac(decoy(443)));
+    assert_eq!(off.stat(lb_stat::LB_QUIC_ROUTED).expect("stat"), 0);
+}
