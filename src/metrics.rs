@@ -163,6 +163,8 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     )?;
     let frag = snap.fragments.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
     family(encoder, "lb_fragment_lookups", "Fragments: recorded (a first fragment's backend), followed (a later one sent there), unmatched (the fragment route decided), conflict (a first fragment disagreed with the record: deleted)", MetricType::Counter, frag)?;
+    let quic = snap.quic.iter().map(|(e, v)| (vec![("outcome", e.to_string())], ConstCounter::new(*v)));
+    family(encoder, "lb_quic_lb_packets", "Packets of QUIC-LB services: routed (by the server ID in their connection ID), or by the flow table and the table for a reason: client_id (Initial, 0-RTT), unroutable (0b111), other_config, short, unknown_server, unusable (backend down), no_key", MetricType::Counter, quic)?;
     let ct = snap.conntrack.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
     family(encoder, "lb_flow_table_lookups", "Flow-table outcomes: hit, miss, new (entry made), stale (entry re-hashed)", MetricType::Counter, ct)?;
     family(encoder, "lb_flow_table_capacity", "Entries the flow table holds at most", MetricType::Gauge, [(Vec::new(), ConstGauge::new(model.flow_capacity as i64))])?;
@@ -411,6 +413,7 @@ mod tests {
             icmp_forwarded: 2,
             other_host: 6,
             fragments: vec![("recorded", 4), ("followed", 3), ("unmatched", 1)],
+            quic: vec![("routed", 5), ("client_id", 2)],
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),

@@ -51,6 +51,8 @@ pub struct Snapshot {
     pub other_host: u64,
     /// The fragment table: recorded, followed, unmatched.
     pub fragments: Vec<(&'static str, u64)>,
+    /// QUIC-LB services' packets: routed by connection ID, or fallen back by reason.
+    pub quic: Vec<(&'static str, u64)>,
     pub services: Vec<ServiceCounters>,
 }
 
@@ -100,6 +102,9 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
     if !now.fragments.is_empty() {
         let _ = writeln!(out, "  fragments: {}", counter_list(&now.fragments));
     }
+    if now.quic.iter().any(|q| q.1 > 0) {
+        let _ = writeln!(out, "  quic-lb: {}", counter_list(&now.quic));
+    }
     let _ = writeln!(out, "  other hosts: passed={}", now.other_host);
     for s in &now.services {
         let ps = prev.services.iter().find(|p| p.name == s.name);
@@ -148,6 +153,8 @@ pub struct PlaneStatus {
     pub other_host: u64,
     /// The fragment table: recorded, followed, unmatched.
     pub fragments: Vec<(&'static str, u64)>,
+    /// QUIC-LB: routed, and the fallbacks by reason.
+    pub quic: Vec<(&'static str, u64)>,
     /// Entries in the flow table, and its size.
     pub flows: u64,
     pub flow_capacity: u32,
@@ -194,6 +201,7 @@ impl PlaneStatus {
             "icmp_forwarded": self.icmp_forwarded,
             "other_host": self.other_host,
             "fragments": counters(&self.fragments),
+            "quic_lb": counters(&self.quic),
             "flows": {"entries": self.flows, "capacity": self.flow_capacity},
             "services": self.services.iter().map(|s| json!({
                 "name": s.name,
@@ -226,6 +234,7 @@ impl PlaneStatus {
         let _ = writeln!(out, "  conntrack: {}", counter_list(&self.conntrack));
         let _ = writeln!(out, "  icmp: forwarded={}", self.icmp_forwarded);
         let _ = writeln!(out, "  fragments: {}", counter_list(&self.fragments));
+        let _ = writeln!(out, "  quic-lb: {}", counter_list(&self.quic));
         let _ = writeln!(out, "  other hosts: passed={}", self.other_host);
         let _ = writeln!(out, "  flow table: {} of {} entries", self.flows, self.flow_capacity);
         for s in &self.services {
@@ -288,6 +297,7 @@ mod tests {
             icmp_forwarded: 4,
             other_host: 0,
             fragments: Vec::new(),
+            quic: Vec::new(),
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),

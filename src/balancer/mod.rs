@@ -329,6 +329,7 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
         conntrack: counters.conntrack,
         other_host: counters.other_host,
         fragments: counters.fragments,
+        quic: counters.quic,
         flows: counters::flow_entries(maps)?,
         flow_capacity: sizes.flows,
         ..Default::default()

@@ -146,6 +146,7 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
         icmp_forwarded: percpu_sum(stats, S::LB_ICMP_FORWARDED.0)?,
         other_host: percpu_sum(stats, S::LB_STAT_OTHER_HOST.0)?,
         fragments: Vec::with_capacity(3),
+        quic: Vec::with_capacity(8),
         services: Vec::new(),
     };
     for (name, stat) in drop_counters() {
@@ -156,6 +157,9 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
     }
     for (name, stat) in fragment_counters() {
         snap.fragments.push((name, percpu_sum(stats, stat.0)?));
+    }
+    for (name, stat) in quic_counters() {
+        snap.quic.push((name, percpu_sum(stats, stat.0)?));
     }
     Ok(snap)
 }
@@ -184,6 +188,21 @@ fn drop_counters() -> [(&'static str, types::lb_stat); 13] {
 fn fragment_counters() -> [(&'static str, types::lb_stat); 4] {
     use types::lb_stat as S;
     [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED), ("conflict", S::LB_FRAG_CONFLICT)]
+}
+
+/// QUIC-LB's outcomes (src/bpf/quic.h): routed by connection ID, or the fallback's reason.
+fn quic_counters() -> [(&'static str, types::lb_stat); 8] {
+    use types::lb_stat as S;
+    [
+        ("routed", S::LB_QUIC_ROUTED),
+        ("client_id", S::LB_QUIC_CLIENT_ID),
+        ("unroutable", S::LB_QUIC_UNROUTABLE),
+        ("other_config", S::LB_QUIC_OTHER_CONFIG),
+        ("short", S::LB_QUIC_SHORT),
+        ("unknown_server", S::LB_QUIC_UNKNOWN_SERVER),
+        ("unusable", S::LB_QUIC_UNUSABLE),
+        ("no_key", S::LB_QUIC_NO_KEY),
+    ]
 }
 
 fn ct_counters() -> [(&'static str, types::lb_stat); 9] {
