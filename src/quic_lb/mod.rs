@@ -4,9 +4,11 @@
 //! `lb quic-lb` and the connection-ID generator for servers use, and what the data plane's
 //! decoder is checked against.
 //!
-//! Work in progress (issue 26): the codec and the draft's test vectors; no configuration keys,
-//! data plane or generator yet.
+//! Work in progress (issue 26): the codec and the draft's test vectors, and a server's parameters
+//! as text ([`ServerParams`]); no pool keys, data plane or generator yet.
 
 mod codec;
+mod server;
 
 pub use codec::{decode_server_id, encode, Config, ConfigError, UNROUTABLE};
+pub use server::ServerParams;
