@@ -4,11 +4,16 @@
 //! `lb quic-lb` and the connection-ID generator for servers use, and what the data plane's
 //! decoder is checked against.
 //!
-//! Work in progress (issue 26): the codec and the draft's test vectors, and a server's parameters
-//! as text ([`ServerParams`]); no pool keys, data plane or generator yet.
+//! Work in progress (issue 26): the codec and the draft's test vectors, a server's parameters as
+//! text ([`ServerParams`]) and, with the `quinn` feature, a connection-ID generator for quinn
+//! servers ([`RoutableIds`]); no pool keys or data plane yet.
 
 mod codec;
+#[cfg(feature = "quinn")]
+mod generator;
 mod server;
 
 pub use codec::{decode_server_id, encode, Config, ConfigError, UNROUTABLE};
+#[cfg(feature = "quinn")]
+pub use generator::RoutableIds;
 pub use server::ServerParams;
