@@ -76,6 +76,23 @@ enum Command {
     /// Report a process's load to lb's agent checks (`agent:` in a service): a reference agent
     /// that answers each connection with the process's capacity in percent.
     Agent(agent::AgentArgs),
+    /// Print what a backend's QUIC server needs to issue connection IDs that lb routes to it
+    /// (QUIC-LB, `quic_lb:` services): its server ID and the service's parameters, key included,
+    /// as the text lb::quic_lb::ServerParams reads (YAML, keys named as in the draft's model).
+    QuicLb {
+        /// The pool YAML file.
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: PathBuf,
+        /// The backend: its name, or its address when it has none.
+        #[arg(long, short = 'b', value_name = "NAME")]
+        backend: String,
+        /// The service, when the backend is in several `quic_lb:` services.
+        #[arg(long, short = 's', value_name = "NAME")]
+        service: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
         #[arg(value_name = "OLD")]
@@ -174,6 +191,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     write!(out, "{}", report::table_text(s, &build(s)))?;
                 }
+            }
+        }
+        Command::QuicLb { config, backend, service, json } => {
+            let pool = load(&config)?;
+            let (s, params) = report::quic_lb_params(&pool, &backend, service.as_deref())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
+            if json {
+                serde_json::to_writer(&mut out, &report::quic_lb_json(s, &backend, &params)).context("writing JSON")?;
+                writeln!(out)?;
+            } else {
+                let comment = format!(
+                    "lb quic-lb: backend {backend} of service {} ({}), from {}\nQUIC-LB, draft-ietf-quic-load-balancers-21{}",
+                    s.name,
+                    s.endpoint(),
+                    config.display(),
+                    if params.key.is_some() { "; holds the key: keep it as secret as the pool file" } else { "" }
+                );
+                write!(out, "{}", params.to_yaml(&comment))?;
             }
         }
         Command::Diff { old, new, json } => {

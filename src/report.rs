@@ -44,6 +44,10 @@ pub fn service_summary(s: &Service) -> String {
     if let Some(ss) = &s.slow_start {
         let _ = write!(line, " slow_start={:?}", ss.window);
     }
+    if let Some(q) = &s.quic_lb {
+        let mode = if q.key.is_some() { "encrypted" } else { "plaintext" };
+        let _ = write!(line, " quic_lb=rotation:{},server_id:{},nonce:{},{mode}", q.rotation, q.server_id_len, q.nonce_len);
+    }
     if live == 0 {
         line.push_str(" [empty table: traffic to this service is dropped]");
     }
@@ -108,6 +112,19 @@ pub fn table_text(s: &Service, table: &Table) -> String {
     }
     let ids: Vec<String> = s.backends.iter().map(|b| b.identity()).collect();
     let _ = writeln!(out, "  digest: {:016x}", crate::table::digest(table, &ids));
+    if let Some(q) = &s.quic_lb {
+        let sids: Vec<String> = s
+            .backends
+            .iter()
+            .map(|b| format!("{} {}", b.identity(), b.server_id.as_deref().map(crate::quic_lb::hex).unwrap_or_default()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  quic-lb: server IDs {} (`lb quic-lb --backend NAME` prints a server's parameters{})",
+            sids.join(", "),
+            if q.key.is_some() { ", key included" } else { "" }
+        );
+    }
     if s.load_aware() {
         let _ = writeln!(
             out,
@@ -127,14 +144,18 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
         .zip(&ids)
         .zip(&shares)
         .map(|((b, id), sh)| {
-            json!({
+            let mut v = json!({
                 "identity": id,
                 "address": b.address.to_string(),
                 "weight": b.weight,
                 "slots": sh.slots,
                 "share": sh.share,
                 "ideal_share": sh.ideal,
-            })
+            });
+            if let Some(sid) = &b.server_id {
+                v["server_id"] = json!(crate::quic_lb::hex(sid));
+            }
+            v
         })
         .collect();
     let entries: Vec<Value> = (0..table.len())
@@ -169,6 +190,10 @@ pub fn table_json(s: &Service, table: &Table) -> Value {
     v["digest"] = json!(format!("{:016x}", crate::table::digest(table, &ids)));
     if let Some(a) = &s.agent {
         v["agent"] = json!({"port": a.port, "path": a.path, "interval_seconds": a.interval.as_secs_f64(), "timeout_seconds": a.timeout.as_secs_f64()});
+    }
+    if let Some(q) = &s.quic_lb {
+        // The key stays out: `lb table --json` output lands in logs and tickets.
+        v["quic_lb"] = json!({"rotation": q.rotation, "server_id_len": q.server_id_len, "nonce_len": q.nonce_len, "encrypted": q.key.is_some()});
     }
     if let Some(ss) = &s.slow_start {
         v["slow_start"] = json!({"window_seconds": ss.window.as_secs_f64(), "min_percent": ss.min_percent, "aggression": ss.aggression});
@@ -242,4 +267,61 @@ pub fn diff_json(diffs: &[ServiceDiff]) -> Value {
         })
         .collect();
     json!({ "services": services })
+}
+
+/// `lb quic-lb`: the service and server parameters of `backend` (its name, or its address when
+/// it has none) among the pool's `quic_lb:` services, or why there are none.
+pub fn quic_lb_params<'p>(pool: &'p crate::config::Pool, backend: &str, service: Option<&str>) -> Result<(&'p Service, crate::quic_lb::ServerParams), String> {
+    let quic: Vec<&Service> = pool.services.iter().filter(|s| s.quic_lb.is_some()).collect();
+    if quic.is_empty() {
+        return Err("no service has `quic_lb:`".to_string());
+    }
+    let found: Vec<(&Service, &crate::config::Backend)> = quic
+        .iter()
+        .filter(|s| service.is_none_or(|n| s.name == n))
+        .flat_map(|s| s.backends.iter().filter(|b| b.identity() == backend).map(move |b| (*s, b)))
+        .collect();
+    match found.as_slice() {
+        [(s, b)] => {
+            let q = s.quic_lb.as_ref().expect("filtered on quic_lb");
+            let server_id = b.server_id.clone().expect("every backend of a quic_lb service has a server ID");
+            Ok((s, crate::quic_lb::ServerParams { rotation: q.rotation, server_id, nonce_len: q.nonce_len as usize, key: q.key }))
+        }
+        [] => {
+            let names: Vec<String> = quic
+                .iter()
+                .filter(|s| service.is_none_or(|n| s.name == n))
+                .flat_map(|s| s.backends.iter().map(move |b| format!("{} ({})", b.identity(), s.name)))
+                .collect();
+            match service {
+                Some(n) if !quic.iter().any(|s| s.name == n) => Err(format!(
+                    "no `quic_lb:` service named `{n}` (those with quic_lb: {})",
+                    quic.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                )),
+                _ => Err(format!("no backend `{backend}` in a `quic_lb:` service (backends: {})", names.join(", "))),
+            }
+        }
+        many => Err(format!(
+            "backend `{backend}` is in several `quic_lb:` services ({}): name one with --service",
+            many.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+/// `lb quic-lb --json`: the same parameters, under the same names, with where they come from.
+pub fn quic_lb_json(s: &Service, backend: &str, p: &crate::quic_lb::ServerParams) -> Value {
+    let mut v = json!({
+        "service": s.name,
+        "endpoint": s.endpoint(),
+        "backend": backend,
+        "config-rotation-bits": p.rotation,
+        "server-id": crate::quic_lb::hex(&p.server_id),
+        "server-id-length": p.server_id.len(),
+        "nonce-length": p.nonce_len,
+        "cid-length": p.cid_len(),
+    });
+    if let Some(k) = &p.key {
+        v["cid-key"] = json!(crate::quic_lb::hex(k));
+    }
+    v
 }

