@@ -7,7 +7,8 @@
 #   scripts/e2e.sh NAME...         only tests whose name contains NAME
 #   V=1 scripts/e2e.sh             show lb's log and the checks' tables as they run
 #
-# Needs root and the release build (cargo build --release --bins --examples). Exit status: 0
+# Needs root and the release build (cargo build --release --bins --examples, and
+# cargo build --release -p quic-echo for the QUIC-LB test). Exit status: 0
 # all passed, 1 some failed.
 #
 # This file is the runner. The tests live in scripts/e2e/, a file per feature (each with the
@@ -27,7 +28,7 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
 
 # The shared helpers first, then a file per feature.
-for part in lib basic reload lifecycle health conntrack encap pin metrics fleet second_chance load; do
+for part in lib basic reload lifecycle health conntrack encap pin metrics fleet second_chance load quic; do
     # shellcheck source=/dev/null # each is checked on its own
     source "scripts/e2e/$part.sh"
 done
@@ -86,6 +87,9 @@ TESTS=(
     "test_load_slow_start_and_what_agents_say native"
     "test_load_slow_start_and_what_agents_say generic"
     "test_load_two_nodes_reading_the_same_agents_agree native"
+    "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native on"
+    "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes generic on"
+    "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native off"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

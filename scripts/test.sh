@@ -26,4 +26,6 @@ echo "== end-to-end: real clients and servers in network namespaces, native and 
 cargo build --release --features layout-test --bin lb
 cp target/release/lb target/release/lb-layout-test
 cargo build --release --bins --examples
+# The QUIC-LB test's quinn server and client: a crate of its own (tools/quic-echo).
+cargo build --release -p quic-echo
 scripts/e2e.sh

@@ -7,10 +7,12 @@
 //!   Each line received on a bidirectional stream is answered with `NAME <line>`. Prints
 //!   `listening ADDR:PORT cid-len N` once ready. With QUIC_ECHO_DEBUG set in its environment it
 //!   prints the first IDs it issues, and the server IDs they carry, to stderr.
-//! - `client --connect VIP:PORT --connections N --bind ADDR [--interval-ms MS]`: N connections
-//!   from one endpoint on ADDR:0, each sending `c<i> <seq>` on one stream every MS milliseconds
+//! - `client --connect VIP:PORT --connections N --bind ADDR [--interval-ms MS]`: N connections,
+//!   each from an endpoint (a UDP socket, so a source port) of its own on ADDR:0, as N client
+//!   machines behind one NAT would be, each sending `c<i> <seq>` on one stream every MS milliseconds
 //!   and noting which backend answered. Commands on stdin, one a line, while they run:
-//!   `rebind` (a new source port on the same address), `move ADDR` (a new source address),
+//!   `rebind` (every endpoint to a new source port on its address), `move ADDR` (every endpoint to
+//!   a new source address),
 //!   `mark LABEL` (a new phase), `report` (one JSON line on stdout), `quit` (or end of input).
 //!   A connection that fails, or that has had no answer for 3 s, is broken and never replaced.
 //!
@@ -291,12 +293,16 @@ async fn client(connect: SocketAddr, connections: usize, bind: IpAddr, interval:
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     client_config.transport_config(Arc::new(transport));
 
-    let socket = bind_any(bind)?;
-    let mut endpoint = Endpoint::new(EndpointConfig::default(), None, socket, Arc::new(TokioRuntime))?;
-    endpoint.set_default_client_config(client_config);
+    let mut endpoints = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let socket = bind_any(bind)?;
+        let mut endpoint = Endpoint::new(EndpointConfig::default(), None, socket, Arc::new(TokioRuntime))?;
+        endpoint.set_default_client_config(client_config.clone());
+        endpoints.push(endpoint);
+    }
 
     let mut tasks = Vec::new();
-    for i in 0..connections {
+    for (i, endpoint) in endpoints.iter().enumerate() {
         let (endpoint, state) = (endpoint.clone(), state.clone());
         tasks.push(tokio::spawn(async move {
             let error = run_connection(&endpoint, connect, i, interval, &state).await;
@@ -331,15 +337,15 @@ async fn client(connect: SocketAddr, connections: usize, bind: IpAddr, interval:
         let (command, argument) = line.split_once(char::is_whitespace).map(|(c, a)| (c, a.trim())).unwrap_or((line, ""));
         let outcome = match command {
             "" => Ok(()),
-            "rebind" => endpoint.local_addr().map_err(anyhow::Error::from).and_then(|local| rebind(&endpoint, local.ip())),
-            "move" => argument.parse::<IpAddr>().map_err(|e| anyhow!("move {argument:?}: {e}")).and_then(|ip| rebind(&endpoint, ip)),
+            "rebind" => endpoints.iter().try_for_each(|e| e.local_addr().map_err(anyhow::Error::from).and_then(|local| rebind(e, local.ip()))),
+            "move" => argument.parse::<IpAddr>().map_err(|e| anyhow!("move {argument:?}: {e}")).and_then(|ip| endpoints.iter().try_for_each(|e| rebind(e, ip))),
             "mark" if !argument.is_empty() => {
                 let mut shared = lock(&state);
                 shared.phase = Some(argument.to_string());
                 shared.connections.iter_mut().for_each(|c| c.ok_in_phase = 0);
                 Ok(())
             }
-            "report" => report(&state, &endpoint),
+            "report" => report(&state, &endpoints),
             "quit" => break,
             _ => Err(anyhow!("unknown command {line:?} (rebind, move ADDR, mark LABEL, report, quit)")),
         };
@@ -348,12 +354,19 @@ async fn client(connect: SocketAddr, connections: usize, bind: IpAddr, interval:
         }
     }
 
-    endpoint.close(0u32.into(), b"quit");
+    for endpoint in &endpoints {
+        endpoint.close(0u32.into(), b"quit");
+    }
     for task in &tasks {
         task.abort();
     }
     // Lets the close frames go out; connections that cannot say goodbye time out on their own.
-    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        for endpoint in &endpoints {
+            endpoint.wait_idle().await;
+        }
+    })
+    .await;
     Ok(())
 }
 
@@ -364,22 +377,20 @@ fn bind_any(ip: IpAddr) -> Result<UdpSocket> {
 fn rebind(endpoint: &Endpoint, ip: IpAddr) -> Result<()> {
     let socket = bind_any(ip)?;
     let local = socket.local_addr()?;
-    endpoint.rebind(socket).with_context(|| format!("rebinding to {local}"))?;
-    eprintln!("quic-echo client: now sending from {local}");
-    Ok(())
+    endpoint.rebind(socket).with_context(|| format!("rebinding to {local}"))
 }
 
-fn report(state: &State, endpoint: &Endpoint) -> Result<()> {
-    let local = endpoint.local_addr()?;
+fn report(state: &State, endpoints: &[Endpoint]) -> Result<()> {
+    let local: Vec<String> = endpoints.iter().map(|e| e.local_addr().map(|a| a.to_string())).collect::<std::io::Result<_>>()?;
     let line = {
         let shared = lock(state);
         let connections: Vec<_> = shared
             .connections
             .iter()
             .enumerate()
-            .map(|(i, c)| json!({"id": i, "backends": c.backends, "last": c.last, "ok_in_phase": c.ok_in_phase, "broken": c.broken, "error": c.error}))
+            .map(|(i, c)| json!({"id": i, "backends": c.backends, "last": c.last, "ok_in_phase": c.ok_in_phase, "broken": c.broken, "error": c.error, "local": local[i]}))
             .collect();
-        json!({"phase": shared.phase, "connections": connections, "local": local.to_string()})
+        json!({"phase": shared.phase, "connections": connections})
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")?;
