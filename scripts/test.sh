@@ -13,6 +13,8 @@ for t in tests/*.rs; do
 done
 echo "== tests that need no root (config, tables, diff, CLI; benches build and run once, quickly)"
 cargo test --release --lib --bins --benches "${plain[@]}"
+# The QUIC-LB generator for quinn servers is behind the cargo feature quinn.
+cargo test --release --features quinn --lib quic_lb
 
 echo "== tests that need root (packet fixtures through BPF_PROG_TEST_RUN; lb attach in network namespaces)"
 if [ "$(id -u)" -ne 0 ]; then

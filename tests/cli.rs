@@ -1,4 +1,4 @@
-//! The `lb check`, `lb table` and `lb diff` commands, and `lb decap`'s flag checks, run as a user runs them. No root needed.
+//! The `lb check`, `lb table`, `lb diff` and `lb quic-lb` commands, and `lb decap`'s flag checks, run as a user runs them. No root needed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -221,4 +221,35 @@ fn decap_refuses_to_start_without_being_told_whom_to_trust() {
     let o = lb(&["decap", "eth0", "--allow-from", "10.0.0.1/8"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("did you mean 10.0.0.0/8 or 10.0.0.1/32?"), "{}", stderr(&o));
+}
+
+/// `lb quic-lb` prints what a server reads (lb::quic_lb::ServerParams), with the server ID
+/// `lb table --json` shows and the service's parameters; IDs made from it decode to that server
+/// ID; a backend it does not know, or one in two services, is a clear error.
+#[test]
+fn quic_lb_prints_what_a_server_needs_and_lb_table_agrees() {
+    let pool = Scratch::new(
+        "quic.yaml",
+        "services:\n  - name: h3\n    vip: 10.0.0.1\n    port: 443\n    protocol: udp\n    quic_lb: {rotation: 3, server_id_len: 3, nonce_len: 5, key: 8f95f09245765f80256934e50c66207f}\n    backends: [{address: 10.1.0.1, name: b1}, {address: 10.1.0.2, name: b2, server_id: 'abcdef'}]\n  - name: h3b\n    vip: 10.0.0.2\n    port: 443\n    protocol: udp\n    quic_lb: {}\n    backends: [{address: 10.1.0.1, name: b1}]\n",
+    );
+    let table: Value = serde_json::from_str(&stdout(&lb(&["table", "-c", pool.path(), "--json", "-s", "h3"]))).expect("JSON");
+    assert_eq!(table["services"][0]["quic_lb"], serde_json::json!({"rotation": 3, "server_id_len": 3, "nonce_len": 5, "encrypted": true}));
+    assert!(!table.to_string().contains("8f95f092"), "lb table --json never shows the key");
+    for (j, name) in ["b1", "b2"].iter().enumerate() {
+        let o = lb(&["quic-lb", "-c", pool.path(), "-b", name, "-s", "h3"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let params = lb::quic_lb::ServerParams::parse(&stdout(&o)).expect("what lb quic-lb prints, a server reads");
+        assert_eq!(Value::String(lb::quic_lb::hex(&params.server_id)), table["services"][0]["backends"][j]["server_id"]);
+        assert_eq!((params.rotation, params.nonce_len, params.key.map(|k| k[0])), (3, 5, Some(0x8f)));
+        let config = params.config().expect("valid");
+        let cid = lb::quic_lb::encode(&config, &params.server_id, &[9, 8, 7, 6, 5]);
+        assert_eq!(lb::quic_lb::decode_server_id(&config, &cid), Some(params.server_id.clone()));
+    }
+    assert_eq!(table["services"][0]["backends"][1]["server_id"], "abcdef");
+    let o = lb(&["quic-lb", "-c", pool.path(), "-b", "b1"]);
+    assert!(!o.status.success() && stderr(&o).contains("several `quic_lb:` services (h3, h3b): name one with --service"), "{}", stderr(&o));
+    let o = lb(&["quic-lb", "-c", pool.path(), "-b", "b9"]);
+    assert!(!o.status.success() && stderr(&o).contains("no backend `b9`"), "{}", stderr(&o));
+    let json: Value = serde_json::from_str(&stdout(&lb(&["quic-lb", "-c", pool.path(), "-b", "b1", "-s", "h3b", "--json"]))).expect("JSON");
+    assert_eq!((json["server-id-length"].as_u64(), json["nonce-length"].as_u64(), json.get("cid-key")), (Some(2), Some(6), None));
 }

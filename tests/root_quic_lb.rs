@@ -211,3 +211,69 @@ fn root_without_quic_lb_the_table_decides() {
     assert_eq!(sent_to(&off, &short_header(443, 40000, &cid)), mac(decoy(443)));
     assert_eq!(off.stat(lb_stat::LB_QUIC_ROUTED).expect("stat"), 0);
 }
+
+/// Crafted QUIC: 20,000 random UDP payloads (any length up to 80 octets, long and short headers,
+/// real and made-up versions, IDs of this configuration with random server IDs, bytes past the
+/// datagram in the Ethernet padding) to a plaintext and an encrypted service. Every packet is
+/// counted by exactly one QUIC-LB outcome and sent to a backend of its service (never passed or
+/// dropped); one routed by ID goes to the backend its server ID names, whatever the table says.
+#[test]
+fn root_crafted_quic_packets_never_route_outside_their_service_and_are_counted_once() {
+    let mut text = String::from("services:\n");
+    service(&mut text, 443, &quic_yaml(1, 1, 4, None), "0a", "0b");
+    service(&mut text, 444, &quic_yaml(2, 2, 6, Some(KEY_B2)), "0a0a", "0b0b");
+    let (dp, _) = load(&text);
+    let outcomes = [
+        lb_stat::LB_QUIC_ROUTED,
+        lb_stat::LB_QUIC_CLIENT_ID,
+        lb_stat::LB_QUIC_UNROUTABLE,
+        lb_stat::LB_QUIC_OTHER_CONFIG,
+        lb_stat::LB_QUIC_SHORT,
+        lb_stat::LB_QUIC_UNKNOWN_SERVER,
+        lb_stat::LB_QUIC_UNUSABLE,
+        lb_stat::LB_QUIC_NO_KEY,
+    ];
+    let total = |dp: &Balancer| outcomes.iter().map(|s| dp.stat(*s).expect("stat")).sum::<u64>();
+    let configs = [(443u16, Config::new(1, 1, 4, None).expect("valid")), (444, Config::new(2, 2, 6, Some(parse_hex(KEY_B2).expect("hex").try_into().expect("16"))).expect("valid"))];
+    let mut rng = common::rng::Rng(0x51_55_49_43);
+    let mut routed_to_target = 0;
+    for n in 0..20_000u32 {
+        let (port, config) = rng.pick(&configs);
+        let mut q: Vec<u8> = (0..rng.below(81)).map(|_| rng.next() as u8).collect();
+        if rng.chance(50) && q.len() > 1 {
+            // An ID of this configuration, naming the target, the decoy or a made-up server.
+            let sid: Vec<u8> = match rng.below(3) {
+                0 => vec![0x0a; config.server_id_len],
+                1 => vec![0x0b; config.server_id_len],
+                _ => (0..config.server_id_len).map(|_| rng.next() as u8).collect(),
+            };
+            let nonce: Vec<u8> = (0..config.nonce_len).map(|_| rng.next() as u8).collect();
+            let cid = encode(config, &sid, &nonce);
+            let at = if q[0] & 0x80 != 0 { 6 } else { 1 };
+            if q.len() >= at + cid.len() {
+                q[at..at + cid.len()].copy_from_slice(&cid);
+                if at == 6 {
+                    q[5] = if rng.chance(90) { cid.len() as u8 } else { rng.next() as u8 };
+                    let random = rng.next() as u32;
+                    let version: u32 = *rng.pick(&[1, 0x6b3343cf, 0, 0xff00001d, random]);
+                    q[1..5].copy_from_slice(&version.to_be_bytes());
+                }
+            }
+        }
+        let mut frame = ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000 + (n % 1000) as u16, dport: *port }, &V4Opts::default(), &q);
+        if rng.chance(20) {
+            // Ethernet padding behind the datagram: never read as part of it.
+            frame.extend((0..rng.below(40)).map(|_| rng.next() as u8));
+        }
+        let (before, routed) = (total(&dp), dp.stat(lb_stat::LB_QUIC_ROUTED).expect("stat"));
+        let to = sent_to(&dp, &frame);
+        assert!(to == mac(target(*port)) || to == mac(decoy(*port)), "packet {n} ({}) went to {to:?}", hex(&q));
+        assert_eq!(total(&dp), before + 1, "packet {n} ({}): counted once", hex(&q));
+        if dp.stat(lb_stat::LB_QUIC_ROUTED).expect("stat") > routed && to == mac(target(*port)) {
+            routed_to_target += 1;
+        }
+    }
+    // The target has weight 0: only its server ID brings packets there.
+    assert!(routed_to_target > 1000, "{routed_to_target} packets routed to the target by ID");
+    assert_eq!(dp.stat(lb_stat::LB_QUIC_NO_KEY).expect("stat"), 0);
+}

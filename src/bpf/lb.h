@@ -101,6 +101,8 @@ struct lb_quic_config {
 	__u8 nonce_len; /* nonce octets (4..18); sid_len + nonce_len <= 19 */
 	__u8 encrypted; /* 1: the IDs are encrypted with the service's key (its AES context in
 			 * quic_aes); 0: the server ID is in plain sight */
+	__u32 sid_mask[4]; /* the first sid_len octets all ones, the rest zero: what of 16 octets
+			    * read from an ID is the server ID, without a loop over its length */
 };
 
 /* Key of quic_servers: a server ID of a service (padded with zeros to 16 octets), whose value is

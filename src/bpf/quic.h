@@ -280,18 +280,17 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		return count(LB_QUIC_UNROUTABLE, 0);
 	if ((s->cid[0] >> 5) != cfg->rotation)
 		return count(LB_QUIC_OTHER_CONFIG, 0);
-	__builtin_memset(&s->key, 0, sizeof(s->key));
 	__builtin_memcpy(&s->key.service, svc, sizeof(s->key.service));
 	if (cfg->encrypted) {
 		aes = bpf_map_lookup_elem(&quic_aes, svc);
 		if (!aes || quic_decrypt(aes, s, cfg))
 			return count(LB_QUIC_NO_KEY, 0);
 	} else {
-		QUIC_LOOP
-		for (i = 0; i < 15; i++)
-			if (i < cfg->sid_len)
-				s->key.sid[i] = s->cid[(1 + i) & 31];
+		__builtin_memcpy(s->key.sid, cid + 1, 16);
 	}
+	/* Only the server ID's octets count; the rest of the key is zero. */
+	for (i = 0; i < 4; i++)
+		((__u32 *)s->key.sid)[i] &= cfg->sid_mask[i];
 	id = bpf_map_lookup_elem(&quic_servers, &s->key);
 	if (!id)
 		return count(LB_QUIC_UNKNOWN_SERVER, 0);

@@ -28,11 +28,14 @@ impl Dataplane {
             let Some(q) = &s.quic_lb else { continue };
             let rk = plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol };
             let sk = service_key_of(&rk);
+            let mut mask = [0u8; 16];
+            mask[..q.server_id_len as usize].fill(0xff);
             let config = types::lb_quic_config {
                 rotation: q.rotation,
                 sid_len: q.server_id_len,
                 nonce_len: q.nonce_len,
                 encrypted: q.key.is_some() as u8,
+                sid_mask: std::array::from_fn(|i| u32::from_ne_bytes([mask[4 * i], mask[4 * i + 1], mask[4 * i + 2], mask[4 * i + 3]])),
             };
             configs.insert(bytes_of(&sk).to_vec(), config);
             if let Some(k) = q.key {
