@@ -73,7 +73,7 @@ fn main() {
 }
 
 /// The clang that compiles the BPF programs: $LB_CLANG if set, else the newest versioned clang
-/// found (clang-19 down to clang-15), else `clang`. The data plane keeps the kernel's AES
+/// found (clang-25 down to clang-15), else `clang` if it is 15 or later. The data plane keeps the kernel's AES
 /// context for QUIC-LB as a kernel pointer in a map (src/bpf/quic.h), which the verifier knows
 /// only by a BTF type tag; clang 14 (Debian 12's `clang`) does not emit those, so an older one
 /// is refused here with the way out, rather than failing at load time on every machine.
@@ -81,8 +81,9 @@ fn pick_clang() -> PathBuf {
     println!("cargo:rerun-if-env-changed=LB_CLANG");
     let candidates: Vec<String> = match env::var("LB_CLANG") {
         Ok(c) => vec![c],
-        Err(_) => (15..=19).rev().map(|v| format!("clang-{v}")).chain(["clang".to_string()]).collect(),
+        Err(_) => (15..=25).rev().map(|v| format!("clang-{v}")).chain(["clang".to_string()]).collect(),
     };
+    let mut too_old = Vec::new();
     for c in candidates {
         let Ok(out) = std::process::Command::new(&c).arg("--version").output() else { continue };
         let text = String::from_utf8_lossy(&out.stdout);
@@ -95,9 +96,12 @@ fn pick_clang() -> PathBuf {
         if major >= 15 {
             return PathBuf::from(c);
         }
-        panic!("{c} is clang {major}: the data plane needs clang >= 15 (BTF type tags); scripts/setup.sh installs clang-19, or set LB_CLANG");
+        too_old.push(format!("{c} is clang {major}"));
     }
-    panic!("no clang found: the data plane needs clang >= 15; scripts/setup.sh installs clang-19, or set LB_CLANG")
+    panic!(
+        "no clang >= 15 found ({}): the data plane needs its BTF type tags; scripts/setup.sh installs clang-19, or set LB_CLANG",
+        if too_old.is_empty() { "none at all".to_string() } else { too_old.join(", ") }
+    )
 }
 
 /// FNV-1a, 64 bits: enough to tell two builds apart, and no dependency for the build script.

@@ -102,7 +102,7 @@ fn quic_yaml(rotation: u8, sid_len: usize, nonce_len: usize, key: Option<&str>) 
 fn root_the_drafts_vectors_route_to_their_server() {
     let mut text = String::from("services:\n");
     for (i, &(rot, sid, nonce, key, _)) in VECTORS.iter().enumerate() {
-        let decoy_sid = hex(&vec![0xee; sid.len() / 2]);
+        let decoy_sid = hex(&vec![0xe0 + i as u8; sid.len() / 2]);
         service(&mut text, 1000 + i as u16, &quic_yaml(rot, sid.len() / 2, nonce.len() / 2, key), sid, &decoy_sid);
     }
     let (dp, _) = load(&text);
@@ -276,4 +276,65 @@ fn root_crafted_quic_packets_never_route_outside_their_service_and_are_counted_o
     // The target has weight 0: only its server ID brings packets there.
     assert!(routed_to_target > 1000, "{routed_to_target} packets routed to the target by ID");
     assert_eq!(dp.stat(lb_stat::LB_QUIC_NO_KEY).expect("stat"), 0);
+}
+
+/// The ID is read from the datagram as its own lengths bound it: behind IPv4 options and IPv6
+/// extension headers it is found; in Ethernet padding past a datagram too short for QUIC it is
+/// never read (a parser bounded by the frame's end would route this packet by the ID the padding
+/// completes).
+#[test]
+fn root_the_id_is_read_where_the_datagram_says_and_never_from_padding() {
+    let mut text = String::from("services:\n");
+    service(&mut text, 443, &quic_yaml(0, 1, 4, None), "0a", "0b");
+    writeln!(text, "  - {{name: v6, vip: 'fd00::1', port: 443, protocol: udp, slots: 13, quic_lb: {{server_id_len: 2, nonce_len: 6, key: {KEY_B2}}}, backends: [{{address: 'fd00::11', weight: 0, server_id: '1111'}}, {{address: 'fd00::12', server_id: '1212'}}]}}").expect("string");
+    let (dp, _) = load(&text);
+    let plain = encode(&Config::new(0, 1, 4, None).expect("valid"), &[0x0a], &[1, 2, 3, 4]);
+    let mut q = vec![0x41];
+    q.extend_from_slice(&plain);
+    // 7 octets of datagram, then padding that makes the frame long enough for a short header.
+    let mut padded = ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000, dport: 443 }, &V4Opts::default(), &q);
+    padded.extend_from_slice(&[0x5a; 40]);
+    let before = dp.stat(lb_stat::LB_QUIC_SHORT).expect("stat");
+    assert_eq!(sent_to(&dp, &padded), mac(decoy(443)), "an ID in the padding is never read");
+    assert_eq!(dp.stat(lb_stat::LB_QUIC_SHORT).expect("stat"), before + 1);
+    // The same ID in a whole packet behind 8 octets of IPv4 options: routed.
+    q.extend_from_slice(&[0x5a; 25]);
+    let opts = V4Opts { options: vec![1, 1, 1, 1, 1, 1, 1, 0], ..Default::default() };
+    assert_eq!(sent_to(&dp, &ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000, dport: 443 }, &opts, &q)), mac(target(443)));
+    // Encrypted, over IPv6 behind a destination-options header.
+    let config = Config::new(0, 2, 6, Some(parse_hex(KEY_B2).expect("hex").try_into().expect("16"))).expect("valid");
+    let mut q6 = vec![0x41];
+    q6.extend_from_slice(&encode(&config, &[0x11, 0x11], &[6, 5, 4, 3, 2, 1]));
+    q6.extend_from_slice(&[0x5a; 25]);
+    let frame = ipv6_ext("2001:db8::7".parse().expect("addr"), "fd00::1".parse().expect("addr"), &[Ext::DestOpts { units: 1 }], L4::Udp { sport: 40000, dport: 443 }, &q6);
+    assert_eq!(sent_to(&dp, &frame), Some(common::backend_mac("fd00::11".parse().expect("addr"))));
+}
+
+/// A new key takes effect at the next apply: IDs made with it are routed, those of the old one
+/// fall back (their server IDs decode to nothing known), and the change is named in what the
+/// apply says it touched.
+#[test]
+fn root_a_key_change_reaches_the_kernel_at_the_next_apply() {
+    let mut text = String::from("services:\n");
+    service(&mut text, 443, &quic_yaml(0, 2, 6, Some(KEY_B2)), "0a1b", "0c0d");
+    let (mut dp, mut pool) = load(&text);
+    let old_key: [u8; 16] = parse_hex(KEY_B2).expect("hex").try_into().expect("16");
+    let new_key = [0x42u8; 16];
+    let id_with = |key: [u8; 16]| encode(&Config::new(0, 2, 6, Some(key)).expect("valid"), &[0x0a, 0x1b], &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &id_with(old_key))), mac(target(443)));
+    pool.services[0].quic_lb.as_mut().expect("quic_lb").key = Some(new_key);
+    let applied = dp.apply(&pool).expect("apply");
+    assert!(applied.quic_incomplete.is_none(), "{:?}", applied.quic_incomplete);
+    let notes: Vec<String> = applied.touched.iter().flat_map(|t| t.notes.clone()).collect();
+    assert!(notes.iter().any(|n| n.contains("quic_lb parameters, key or server IDs changed")), "{notes:?}");
+    assert!(!format!("{notes:?}").contains("42424242"), "the notes never show the key");
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &id_with(new_key))), mac(target(443)));
+    let before = dp.stat(lb_stat::LB_QUIC_UNKNOWN_SERVER).expect("stat");
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &id_with(old_key))), mac(decoy(443)));
+    assert_eq!(dp.stat(lb_stat::LB_QUIC_UNKNOWN_SERVER).expect("stat"), before + 1);
+    // Back to plaintext: the AES context is forgotten, and plain IDs route.
+    pool.services[0].quic_lb.as_mut().expect("quic_lb").key = None;
+    dp.apply(&pool).expect("apply");
+    let plain = encode(&Config::new(0, 2, 6, None).expect("valid"), &[0x0a, 0x1b], &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &plain)), mac(target(443)));
 }

@@ -45,6 +45,9 @@ pub struct Applied {
     pub slots_written: u64,
     /// Map writes in all.
     pub writes: usize,
+    /// QUIC-LB server IDs or forgotten entries that could not be written once the tables were
+    /// live (src/dataplane/quic.rs); the next change tries again.
+    pub quic_incomplete: Option<String>,
 }
 
 // The kernel-only calls (settings, clock, counters, pinning, test runs) go straight to the data
@@ -133,8 +136,13 @@ impl Balancer {
                 Err(e) => return Err(e.into()),
             }
         };
-        let applied =
-            Applied { touched: plan.touched.clone(), slots_written: plan.slots_written(), writes: plan.ops.len() };
+        self.dp.quic_before(pool, &self.state.services)?;
+        let mut applied = Applied {
+            touched: plan.touched.clone(),
+            slots_written: plan.slots_written(),
+            writes: plan.ops.len(),
+            quic_incomplete: None,
+        };
         self.marks.before(&self.dp, &self.state.services, &plan.state.services)?;
         for (i, op) in plan.ops.iter().enumerate() {
             if let Err(e) = self.dp.execute(op) {
@@ -151,7 +159,8 @@ impl Balancer {
         }
         self.state = plan.state;
         self.marks.after(&self.dp, &self.state.services, &plan.ops)?;
-        self.dp.sync_quic(pool, &self.state.services)?;
+        let failed = self.dp.quic_after(pool, &self.state.services);
+        applied.quic_incomplete = (!failed.is_empty()).then(|| failed.join("; "));
         Ok(applied)
     }
 

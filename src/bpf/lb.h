@@ -94,7 +94,7 @@ enum lb_service_flags {
 
 /* QUIC-LB (draft-ietf-quic-load-balancers-21; docs/quic-lb.md): a service's connection-ID
  * configuration, value of quic_configs keyed by the service key. Written before the service's
- * route carries LB_SVC_QUIC_LB, and replaced whole. */
+ * route carries LB_SVC_QUIC_LB (and removed after it no longer does), and replaced whole. */
 struct lb_quic_config {
 	__u8 rotation;  /* the config rotation bits (0..6) its IDs carry in their first octet's top 3 */
 	__u8 sid_len;   /* server ID octets (1..15) */
@@ -117,7 +117,6 @@ struct lb_quic_server {
 struct lb_quic_key_arg {
 	struct lb_service_key service;
 	__u8 key[16];
-	__u32 remove; /* 1: forget the service's context instead */
 };
 
 /* The flow table: which backend each tracked flow started on. A set-associative array rather
@@ -377,7 +376,8 @@ enum lb_stat {
 	LB_QUIC_SHORT,          /* too short for a QUIC packet carrying this configuration's IDs */
 	LB_QUIC_UNKNOWN_SERVER, /* a server ID no backend of the pool has */
 	LB_QUIC_UNUSABLE,       /* the server ID of a backend that is down (unhealthy or removed) */
-	LB_QUIC_NO_KEY,         /* encrypted, and the kernel's AES context is missing or failed */
+	LB_QUIC_NO_KEY,         /* encrypted, and the kernel's AES context is missing or failed (or,
+				 * never expected, the service's parameters are missing) */
 	LB_STAT_MAX,
 };
 

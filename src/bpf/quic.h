@@ -13,7 +13,7 @@
  * ID is longer than the nonce), each pass an AES-128 encryption. The AES is the kernel's
  * (bpf_crypto_encrypt/decrypt on an "ecb(aes)" context), made from the key by the syscall
  * program quic_set_key below and kept in quic_aes: the key schedule is computed once, outside
- * the packet path, and the cipher is the kernel's constant-time one.
+ * the packet path, and the cipher is the kernel's own (here aes-fixed-time, constant-time).
  * Included by lb.bpf.c after lb.h, parse.h and maps.h. */
 #ifndef LB_QUIC_H
 #define LB_QUIC_H
@@ -25,8 +25,6 @@ extern int bpf_crypto_encrypt(struct bpf_crypto_ctx *ctx, const struct bpf_dynpt
 			      const struct bpf_dynptr *dst, const struct bpf_dynptr *siv__nullable) __ksym __weak;
 extern int bpf_crypto_decrypt(struct bpf_crypto_ctx *ctx, const struct bpf_dynptr *src,
 			      const struct bpf_dynptr *dst, const struct bpf_dynptr *siv__nullable) __ksym __weak;
-extern void bpf_rcu_read_lock(void) __ksym;
-extern void bpf_rcu_read_unlock(void) __ksym;
 
 /* QUIC versions whose packet types lb knows: the client picks the IDs of their Initial and 0-RTT
  * packets. */
@@ -56,13 +54,14 @@ struct {
 	__type(value, __u32);
 } quic_servers SEC(".maps");
 
-/* Service key -> the kernel's AES-128 context for the service's key. Written only by
- * quic_set_key; user space never reads it (the key stays in the kernel). */
+/* Service key -> the kernel's AES-128 context for the service's key. Made and replaced only by
+ * quic_set_key, deleted by user space; never read back (the key stays in the kernel). */
 struct lb_quic_aes {
 	struct bpf_crypto_ctx __kptr *ctx;
 };
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* a deleted entry is never reused under a reader */
 	__uint(max_entries, LB_MAX_SERVICES);
 	__type(key, struct lb_service_key);
 	__type(value, struct lb_quic_aes);
@@ -101,10 +100,6 @@ int quic_set_key(struct lb_quic_key_arg *arg)
 	int err = 0;
 
 	__builtin_memcpy(&key, &arg->service, sizeof(key));
-	if (arg->remove) {
-		bpf_map_delete_elem(&quic_aes, &key);
-		return 0;
-	}
 	if (!bpf_ksym_exists(bpf_crypto_ctx_create))
 		return -95; /* EOPNOTSUPP: this kernel has no BPF crypto */
 	__builtin_memcpy(params.key, arg->key, 16);
@@ -136,11 +131,11 @@ static __noinline int quic_aes_block(struct lb_quic_aes *aes, struct lb_quic_scr
 		return -95;
 	bpf_dynptr_from_mem(s->in, 16, 0, &src);
 	bpf_dynptr_from_mem(s->out, 16, 0, &dst);
-	bpf_rcu_read_lock();
+	/* An XDP program runs in an RCU read section: the context stays valid while it is used,
+	 * even if quic_set_key replaces it or user space deletes it meanwhile. */
 	ctx = aes->ctx;
 	if (ctx)
 		err = decrypt ? bpf_crypto_decrypt(ctx, &src, &dst, NULL) : bpf_crypto_encrypt(ctx, &src, &dst, NULL);
-	bpf_rcu_read_unlock();
 	return err;
 }
 
@@ -246,7 +241,7 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 
 	/* An XDP frame is one page at most: a bound the verifier can carry through `q + n > end`. */
 	if (!svc || off > 0x3fff)
-		return 0;
+		return count(LB_QUIC_SHORT, 0);
 	q = data + (off & 0x3fff);
 	cfg = bpf_map_lookup_elem(&quic_configs, svc);
 	s = bpf_map_lookup_elem(&quic_scratch, &zero);
@@ -265,9 +260,13 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		type = (q[0] >> 4) & 3;
 		if ((version == QUIC_V1 && type <= 1) || (version == QUIC_V2 && (type == 1 || type == 2)))
 			return count(LB_QUIC_CLIENT_ID, 0);
+		cid = q + 6;
+		if ((cid[0] >> 5) == 7)
+			return count(LB_QUIC_UNROUTABLE, 0);
+		if ((cid[0] >> 5) != cfg->rotation)
+			return count(LB_QUIC_OTHER_CONFIG, 0);
 		if (q[5] < 1 + l)
 			return count(LB_QUIC_SHORT, 0);
-		cid = q + 6;
 	} else {
 		/* Short header: the ID follows the first octet; its length is the configuration's. A
 		 * real packet also carries a packet number and an AEAD tag (16) behind it. */

@@ -224,14 +224,6 @@ pub struct QuicLb {
     pub key: Option<[u8; 16]>,
 }
 
-impl QuicLb {
-    /// The codec's configuration.
-    pub fn codec(&self) -> crate::quic_lb::Config {
-        crate::quic_lb::Config::new(self.rotation, self.server_id_len as usize, self.nonce_len as usize, self.key)
-            .expect("validated when the pool was read")
-    }
-}
-
 /// How a service's backends are asked for their load (`agent:`; docs/load.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentCheck {

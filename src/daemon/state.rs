@@ -54,6 +54,9 @@ impl Daemon<'_> {
         match self.dp.apply(&pool) {
             Ok(applied) => {
                 self.publish();
+                if let Some(q) = &applied.quic_incomplete {
+                    log(format!("{why}: the tables are applied, but QUIC-LB's maps are not all written ({q}); the next change tries again"));
+                }
                 if automatic && (why == "health" || !applied.touched.is_empty()) {
                     log(format!("{why}: applied in {:.1} ms: {}", applying.elapsed().as_secs_f64() * 1e3, describe_touched(&applied.touched)));
                 }

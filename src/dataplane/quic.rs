@@ -1,10 +1,10 @@
 //! QUIC-LB's maps (src/bpf/quic.h): each `quic_lb:` service's parameters (quic_configs), its
 //! AES context (quic_aes, made in the kernel from the key by the syscall program quic_set_key),
 //! and which backend id has each server ID (quic_servers). Keyed by service key, not route id,
-//! so they are brought to the pool after each change's plan rather than inside it: a route that
-//! carries LB_SVC_QUIC_LB before its service's entries are in sends its QUIC packets by the
-//! table (counted as a fallback) for that moment, and a removed backend's server ID is forgotten
-//! before its id can be given to another backend (ids are quarantined).
+//! so they are brought to the pool around each change's plan rather than inside it: parameters
+//! and keys before the table writes (a route never carries LB_SVC_QUIC_LB without them, and a
+//! key the kernel refuses refuses the change before it is written), server IDs after them (a new
+//! backend's id exists only then), and stale server IDs forgotten before any id is given out.
 
 use std::collections::{HashMap, HashSet};
 
@@ -18,84 +18,100 @@ use super::encode::{bytes_of, service_key_of, value_of};
 use super::{types, Dataplane};
 
 impl Dataplane {
-    /// Brings the QUIC-LB maps to what `pool` says, for the backend ids `services` (the state
-    /// just applied) gives its backends.
-    pub(crate) fn sync_quic(&mut self, pool: &Pool, services: &[LiveService]) -> Result<()> {
-        let mut configs: HashMap<Vec<u8>, types::lb_quic_config> = HashMap::new();
-        let mut keys: HashMap<plan::RouteKey, [u8; 16]> = HashMap::new();
-        let mut servers: HashMap<Vec<u8>, u32> = HashMap::new();
-        for s in &pool.services {
-            let Some(q) = &s.quic_lb else { continue };
-            let rk = plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol };
-            let sk = service_key_of(&rk);
-            let mut mask = [0u8; 16];
-            mask[..q.server_id_len as usize].fill(0xff);
-            let config = types::lb_quic_config {
-                rotation: q.rotation,
-                sid_len: q.server_id_len,
-                nonce_len: q.nonce_len,
-                encrypted: q.key.is_some() as u8,
-                sid_mask: std::array::from_fn(|i| u32::from_ne_bytes([mask[4 * i], mask[4 * i + 1], mask[4 * i + 2], mask[4 * i + 3]])),
-            };
-            configs.insert(bytes_of(&sk).to_vec(), config);
-            if let Some(k) = q.key {
-                keys.insert(rk, k);
-            }
-            let Some(live) = services.iter().find(|l| l.key == rk) else { continue };
-            let ids: HashMap<&str, u32> = live.backends.iter().map(|b| (b.identity.as_str(), b.id)).collect();
-            for b in &s.backends {
-                let (Some(sid), Some(&id)) = (&b.server_id, ids.get(b.identity().as_str())) else { continue };
-                let mut key = types::lb_quic_server { service: sk, ..Default::default() };
-                key.sid[..sid.len()].copy_from_slice(sid);
-                servers.insert(bytes_of(&key).to_vec(), id);
-            }
-        }
+    /// Before a change's table writes: forgets server IDs whose backend id is no longer its
+    /// service's in `installed` (what the maps hold now; left by a controller that stopped, or a
+    /// change that could not finish), so that no id is given to another backend while an ID
+    /// still leads to it; then writes the parameters and keys of `pool`'s services. A key the
+    /// kernel cannot make an AES context of fails the change here, before anything of it is
+    /// written.
+    pub(crate) fn quic_before(&mut self, pool: &Pool, installed: &[LiveService]) -> Result<()> {
+        let ids: HashSet<(Vec<u8>, u32)> = installed
+            .iter()
+            .flat_map(|s| {
+                let sk = bytes_of(&service_key_of(&s.key)).to_vec();
+                s.backends.iter().map(move |b| (sk.clone(), b.id))
+            })
+            .collect();
         let maps = &self.skel.maps;
-        // Parameters and keys first, then server IDs; what the pool no longer names last.
-        for (k, v) in &configs {
-            if maps.quic_configs.lookup(k, MapFlags::ANY)?.as_deref() != Some(bytes_of(v)) {
-                maps.quic_configs.update(k, bytes_of(v), MapFlags::ANY).context("writing a QUIC-LB configuration")?;
-            }
-        }
-        for (rk, key) in &keys {
-            if self.quic_keys.get(rk) != Some(key) {
-                self.set_quic_key(rk, Some(key))?;
-            }
-        }
-        let maps = &self.skel.maps;
-        for (k, id) in &servers {
-            if maps.quic_servers.lookup(k, MapFlags::ANY)?.as_deref() != Some(&id.to_ne_bytes()[..]) {
-                maps.quic_servers.update(k, &id.to_ne_bytes(), MapFlags::ANY).context("writing a QUIC-LB server ID")?;
-            }
-        }
         for k in maps.quic_servers.keys().collect::<Vec<_>>() {
-            if !servers.contains_key(&k) {
-                let _ = maps.quic_servers.delete(&k);
+            let key = value_of::<types::lb_quic_server>(&k);
+            let id = maps.quic_servers.lookup(&k, MapFlags::ANY)?.map_or(0, |v| value_of::<u32>(&v));
+            if !ids.contains(&(bytes_of(&key.service).to_vec(), id)) {
+                maps.quic_servers.delete(&k).context("forgetting a stale QUIC-LB server ID")?;
             }
         }
-        let encrypted: HashSet<Vec<u8>> = keys.keys().map(|rk| bytes_of(&service_key_of(rk)).to_vec()).collect();
-        for k in maps.quic_aes.keys().collect::<Vec<_>>() {
-            if !encrypted.contains(&k) {
-                let _ = maps.quic_aes.delete(&k);
+        for (rk, key) in wanted_keys(pool) {
+            if self.quic_keys.get(&rk) != Some(&key) {
+                self.set_quic_key(&rk, &key)?;
             }
         }
-        self.quic_keys.retain(|rk, _| keys.contains_key(rk));
-        for k in maps.quic_configs.keys().collect::<Vec<_>>() {
-            if !configs.contains_key(&k) {
-                let _ = maps.quic_configs.delete(&k);
+        let maps = &self.skel.maps;
+        for (k, v) in wanted_configs(pool) {
+            if maps.quic_configs.lookup(&k, MapFlags::ANY)?.as_deref() != Some(bytes_of(&v)) {
+                maps.quic_configs.update(&k, bytes_of(&v), MapFlags::ANY).context("writing a QUIC-LB configuration")?;
             }
         }
         Ok(())
     }
 
-    /// Makes (or, with None, forgets) the kernel's AES-128 context of the service at `rk` from
-    /// `key`, through the syscall program quic_set_key.
-    fn set_quic_key(&mut self, rk: &plan::RouteKey, key: Option<&[u8; 16]>) -> Result<()> {
-        let mut arg = types::lb_quic_key_arg {
-            service: service_key_of(rk),
-            key: key.copied().unwrap_or_default(),
-            remove: key.is_none() as u32,
+    /// After a change's table writes: which backend id has each server ID (the ids `services`,
+    /// the state just applied, gives the pool's backends), and forgetting what the pool no
+    /// longer names. Each write is tried whatever the others do; what failed is returned (the
+    /// tables are live by now: the caller reports it, and the next change tries again).
+    pub(crate) fn quic_after(&mut self, pool: &Pool, services: &[LiveService]) -> Vec<String> {
+        let mut failed = Vec::new();
+        let mut note = |what: &str, r: Result<()>| {
+            if let Err(e) = r {
+                failed.push(format!("{what}: {e:#}"));
+            }
         };
+        let configs = wanted_configs(pool);
+        let keys = wanted_keys(pool);
+        let mut servers: HashMap<Vec<u8>, u32> = HashMap::new();
+        for s in pool.services.iter().filter(|s| s.quic_lb.is_some()) {
+            let rk = plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol };
+            let Some(live) = services.iter().find(|l| l.key == rk) else { continue };
+            let ids: HashMap<&str, u32> = live.backends.iter().map(|b| (b.identity.as_str(), b.id)).collect();
+            for b in &s.backends {
+                let (Some(sid), Some(&id)) = (&b.server_id, ids.get(b.identity().as_str())) else { continue };
+                let mut key = types::lb_quic_server { service: service_key_of(&rk), ..Default::default() };
+                key.sid[..sid.len()].copy_from_slice(sid);
+                servers.insert(bytes_of(&key).to_vec(), id);
+            }
+        }
+        let maps = &self.skel.maps;
+        // Forgotten first, so that a change of every server ID never needs room for both.
+        for k in maps.quic_servers.keys().collect::<Vec<_>>() {
+            if !servers.contains_key(&k) {
+                note("forgetting a server ID", maps.quic_servers.delete(&k).map_err(Into::into));
+            }
+        }
+        for (k, id) in &servers {
+            let same = matches!(maps.quic_servers.lookup(k, MapFlags::ANY), Ok(Some(v)) if v[..] == id.to_ne_bytes());
+            if !same {
+                note("writing a server ID", maps.quic_servers.update(k, &id.to_ne_bytes(), MapFlags::ANY).map_err(Into::into));
+            }
+        }
+        let encrypted: HashSet<Vec<u8>> = keys.keys().map(|rk| bytes_of(&service_key_of(rk)).to_vec()).collect();
+        for k in maps.quic_aes.keys().collect::<Vec<_>>() {
+            if !encrypted.contains(&k) {
+                note("forgetting an AES context", maps.quic_aes.delete(&k).map_err(Into::into));
+            }
+        }
+        self.quic_keys.retain(|rk, _| keys.contains_key(rk));
+        let maps = &self.skel.maps;
+        for k in maps.quic_configs.keys().collect::<Vec<_>>() {
+            if !configs.contains_key(&k) {
+                note("forgetting a configuration", maps.quic_configs.delete(&k).map_err(Into::into));
+            }
+        }
+        failed
+    }
+
+    /// Makes the kernel's AES-128 context of the service at `rk` from `key`, through the syscall
+    /// program quic_set_key, and keeps it in quic_aes (replacing the one there).
+    fn set_quic_key(&mut self, rk: &plan::RouteKey, key: &[u8; 16]) -> Result<()> {
+        let mut arg = types::lb_quic_key_arg { service: service_key_of(rk), key: *key };
         // SAFETY: lb_quic_key_arg is plain old data (the skeleton's copy of lb.h's struct); the
         // slice covers exactly its bytes and lives as long as `arg`.
         let ctx = unsafe {
@@ -111,15 +127,12 @@ impl Dataplane {
             }
             bail!("making the kernel's AES-128 context for a QUIC-LB key: {err}");
         }
-        match key {
-            Some(k) => self.quic_keys.insert(*rk, *k),
-            None => self.quic_keys.remove(rk),
-        };
+        self.quic_keys.insert(*rk, *key);
         Ok(())
     }
 
     /// The QUIC-LB server IDs the data plane holds, with the backend id of each, by service key
-    /// (for the tests and `lb status`).
+    /// (for the tests).
     pub fn quic_servers(&self) -> Result<Vec<(plan::RouteKey, Vec<u8>, u32)>> {
         let maps = &self.skel.maps;
         let mut out = Vec::new();
@@ -133,4 +146,32 @@ impl Dataplane {
         out.sort();
         Ok(out)
     }
+}
+
+/// quic_configs' entries for `pool`: each quic_lb service's parameters, by service key.
+fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
+    let mut out = HashMap::new();
+    for s in &pool.services {
+        let Some(q) = &s.quic_lb else { continue };
+        let rk = plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol };
+        let mut mask = [0u8; 16];
+        mask[..q.server_id_len as usize].fill(0xff);
+        let config = types::lb_quic_config {
+            rotation: q.rotation,
+            sid_len: q.server_id_len,
+            nonce_len: q.nonce_len,
+            encrypted: q.key.is_some() as u8,
+            sid_mask: std::array::from_fn(|i| u32::from_ne_bytes([mask[4 * i], mask[4 * i + 1], mask[4 * i + 2], mask[4 * i + 3]])),
+        };
+        out.insert(bytes_of(&service_key_of(&rk)).to_vec(), config);
+    }
+    out
+}
+
+/// The key of each encrypted quic_lb service of `pool`.
+fn wanted_keys(pool: &Pool) -> HashMap<plan::RouteKey, [u8; 16]> {
+    pool.services
+        .iter()
+        .filter_map(|s| Some((plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol }, s.quic_lb.as_ref()?.key?)))
+        .collect()
 }

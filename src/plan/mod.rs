@@ -194,6 +194,18 @@ fn algorithm_param(s: &Service) -> u32 {
     }
 }
 
+/// A fingerprint of a service's QUIC-LB configuration (parameters, key and every backend's
+/// server ID; 0 without quic_lb), so that the reload log says when it changed without showing
+/// the key.
+fn quic_digest(s: &Service) -> u64 {
+    let Some(q) = &s.quic_lb else { return 0 };
+    let mut text = format!("{} {} {} {:?}", q.rotation, q.server_id_len, q.nonce_len, q.key);
+    for b in &s.backends {
+        text.push_str(&format!(" {}={:?}", b.identity(), b.server_id));
+    }
+    xxhash_rust::xxh64::xxh64(text.as_bytes(), 0) | 1
+}
+
 pub fn service_key(s: &Service) -> RouteKey {
     RouteKey { addr: s.vip, port: s.port, proto: s.protocol }
 }

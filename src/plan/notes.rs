@@ -58,6 +58,8 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     }
     if old.quic_lb != new.quic_lb {
         out.push(format!("quic_lb {} -> {}", on_off(old.quic_lb), on_off(new.quic_lb)));
+    } else if old.quic_digest != new.quic_digest {
+        out.push("quic_lb parameters, key or server IDs changed".to_string());
     }
     let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
     let after: HashSet<&str> = new.backends.iter().map(|b| b.identity.as_str()).collect();

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::{algorithm_param, identity_hash, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, Route, RouteKey};
+use super::{algorithm_param, identity_hash, quic_digest, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, Route, RouteKey};
 use crate::config::{Forward, HashMode, Pool, Service};
 
 /// How long a retired route id, backend id or table range waits before it is reused. Packets run
@@ -46,6 +46,8 @@ pub struct LiveService {
     pub second_chance: bool,
     /// `quic_lb:` is set.
     pub quic_lb: bool,
+    /// Its QUIC-LB configuration's fingerprint (0: none), for the reload log.
+    pub quic_digest: u64,
     /// Its second-chance hops as written: per slot, two backend ids (0 = none); empty when the
     /// service has none, or when they are unknown (a state rebuilt from the maps: the next plan
     /// writes them all).
@@ -322,6 +324,8 @@ impl State {
                 gue_port: route.gue_port,
                 second_chance: route.second_chance,
                 quic_lb: route.quic_lb,
+                // The maps keep no copy of the key: the file's is taken, as for the algorithm.
+                quic_digest: configured.map_or(0, quic_digest),
                 hops: Vec::new(),
                 // The maps do not say which builder made a table: the file's is taken, so an
                 // adoption reports no builder change (the tables themselves are compared).

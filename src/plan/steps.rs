@@ -368,6 +368,7 @@ fn live_service(s: &Service, base: u32, owners: Vec<u32>, hops: Vec<[u32; 2]>, b
         gue_port: s.gue_port,
         second_chance: s.second_chance,
         quic_lb: s.quic_lb.is_some(),
+        quic_digest: super::quic_digest(s),
         hops,
         algorithm: s.algorithm,
         algorithm_param: algorithm_param(s),
@@ -389,6 +390,7 @@ fn change(old: Option<&LiveService>, new: &LiveService, written: usize) -> Optio
                 || o.gue_port != new.gue_port
                 || o.second_chance != new.second_chance
                 || o.quic_lb != new.quic_lb
+                || o.quic_digest != new.quic_digest
                 || o.hops != new.hops
                 || o.algorithm != new.algorithm
                 || o.algorithm_param != new.algorithm_param
@@ -649,6 +651,7 @@ mod tests {
             gue_port: 6080,
             second_chance: true,
             quic_lb: false,
+            quic_digest: 0,
             hops: vec![[2, 0], [0, 0], [0, 3]],
             algorithm: crate::config::Algorithm::Maglev,
             algorithm_param: 0,

@@ -94,7 +94,8 @@ impl ServerParams {
         let key = match &t.cid_key {
             None => None,
             Some(text) => {
-                let octets = unhex("cid-key", text)?;
+                // Not repeated in the error: a key with one wrong digit is still most of a key.
+                let octets = parse_hex(text).ok_or_else(|| anyhow!("cid-key: not hex octets (32 digits 0-9 and a-f, without 0x)"))?;
                 let n = octets.len();
                 let key: [u8; 16] = octets.try_into().map_err(|_| anyhow!("cid-key: {n} octets; an AES-128 key has 16"))?;
                 Some(key)

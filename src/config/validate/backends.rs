@@ -89,7 +89,7 @@ impl Validator<'_> {
         };
         let server_id = match Self::get(f, "server_id") {
             None => None,
-            Some(n) => Some(self.hex(n, &at.key("server_id"), "a server ID in hex, such as '0a1b'")?),
+            Some(n) => Some(self.hex(n, &at.key("server_id"), "a server ID in hex, such as '0a1b'", false)?),
         };
         Ok(Backend { address, name, weight, state, server_id })
     }

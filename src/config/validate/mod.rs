@@ -150,6 +150,7 @@ impl Validator<'_> {
                     format!("{} is already served by services[{prev}] (`{}`)", svc.endpoint(), services[prev].name),
                 ));
             }
+            self.quic_lb_spaces(&services, &svc, &at)?;
             total_backends += svc.backends.len();
             if total_backends > MAX_BACKENDS_TOTAL {
                 return Err(self.err(

@@ -1,11 +1,11 @@
 //! `quic_lb:` and the backends' `server_id`: QUIC-LB connection-ID routing (docs/quic-lb.md),
 //! with every combination the draft forbids refused where it is written.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{FieldPath, Fields, Validator};
 use crate::config::yaml::Node;
-use crate::config::{Backend, ConfigError, Protocol, QuicLb};
+use crate::config::{Backend, ConfigError, Protocol, QuicLb, Service};
 use crate::quic_lb::{derived_server_id, Config};
 
 impl Validator<'_> {
@@ -32,7 +32,7 @@ impl Validator<'_> {
         let key = match Self::get(f, "key") {
             None => None,
             Some(n) => {
-                let bytes = self.hex(n, &at.key("key"), "a 128-bit key as 32 hex digits")?;
+                let bytes = self.hex(n, &at.key("key"), "a 128-bit key as 32 hex digits", true)?;
                 let key: [u8; 16] = bytes.as_slice().try_into().map_err(|_| {
                     self.err(&at.key("key"), format!("{} octets: an AES-128 key is 16 (32 hex digits)", bytes.len()))
                 })?;
@@ -96,8 +96,36 @@ impl Validator<'_> {
         Ok(backends)
     }
 
-    /// Hex digits (an optional `0x` in front), an even number of them, as octets.
-    pub(super) fn hex(&self, node: &Node, at: &FieldPath, what: &str) -> Result<Vec<u8>, ConfigError> {
+    /// A server ID must not be in plain sight in one service and encrypted in another: the
+    /// draft (section 9.7) forbids plaintext and encrypted configurations to share a server-ID
+    /// space.
+    pub(super) fn quic_lb_spaces(&self, earlier: &[Service], svc: &Service, at: &FieldPath) -> Result<(), ConfigError> {
+        let Some(q) = &svc.quic_lb else { return Ok(()) };
+        for other in earlier {
+            let Some(oq) = &other.quic_lb else { continue };
+            if oq.key.is_some() == q.key.is_some() {
+                continue;
+            }
+            let theirs: HashSet<&[u8]> = other.backends.iter().filter_map(|b| b.server_id.as_deref()).collect();
+            let shared = svc.backends.iter().position(|b| b.server_id.as_deref().is_some_and(|s| theirs.contains(s)));
+            if let Some(j) = shared {
+                let sid = svc.backends[j].server_id.as_deref().map(crate::quic_lb::hex).unwrap_or_default();
+                let (mine, its) = if q.key.is_some() { ("encrypted", "in plain sight") } else { ("in plain sight", "encrypted") };
+                return Err(self.err(
+                    &at.key("backends").index(j),
+                    format!(
+                        "server ID {sid} is {mine} here and {its} in service `{}`: the draft (section 9.7) forbids plaintext and encrypted IDs to share a server-ID space; give one of them another `server_id`",
+                        other.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hex digits (an optional `0x` in front), an even number of them, as octets. With `secret`,
+    /// an error does not repeat the text (a key with one wrong digit is still most of a key).
+    pub(super) fn hex(&self, node: &Node, at: &FieldPath, what: &str, secret: bool) -> Result<Vec<u8>, ConfigError> {
         let s = match node {
             Node::Str(s) => s.trim(),
             Node::Int(_) | Node::Float(_) => {
@@ -106,7 +134,13 @@ impl Validator<'_> {
             other => return Err(self.err(at, format!("expected {what}, found {}", other.kind()))),
         };
         let digits = s.strip_prefix("0x").unwrap_or(s);
-        crate::quic_lb::parse_hex(digits).ok_or_else(|| self.err(at, format!("`{s}` is not {what}")))
+        crate::quic_lb::parse_hex(digits).ok_or_else(|| {
+            if secret {
+                self.err(at, format!("not {what} (the value is not repeated here: it is a key)"))
+            } else {
+                self.err(at, format!("`{s}` is not {what}"))
+            }
+        })
     }
 }
 
@@ -139,7 +173,7 @@ mod tests {
             ("    quic_lb: {nonce_len: 3}\n", "quic_lb.nonce_len", "at least 4"),
             ("    quic_lb: {server_id_len: 2, nonce_len: 18}\n", "quic_lb.nonce_len", "at most 19"),
             ("    quic_lb: {key: '00112233'}\n", "quic_lb.key", "16 (32 hex digits)"),
-            ("    quic_lb: {key: 'zz112233445566778899aabbccddeeff'}\n", "quic_lb.key", "is not a 128-bit key"),
+            ("    quic_lb: {key: 'zz112233445566778899aabbccddeeff'}\n", "quic_lb.key", "not a 128-bit key"),
             ("    quic_lb: {bits: 1}\n", "quic_lb", "bits"),
         ] {
             let e = pool(keys, b).unwrap_err();
@@ -154,5 +188,19 @@ mod tests {
         let e = pool("    quic_lb: {}\n", "      - {address: 10.1.0.1, server_id: 1234}\n").unwrap_err();
         assert!(e.contains("quote it"), "{e}");
         assert!(pool("    quic_lb: {server_id_len: 1, nonce_len: 18, key: 8f95f09245765f80256934e50c66207f}\n", b).is_ok(), "nonces up to 18 octets");
+        let e = pool("    quic_lb: {key: '8f95f09245765f80256934e50c6620zz'}\n", b).unwrap_err();
+        assert!(e.contains("quic_lb.key") && !e.contains("8f95f09245765f8025"), "a key's error never repeats it: {e}");
+    }
+
+    #[test]
+    fn one_server_id_is_never_both_in_plain_sight_and_encrypted() {
+        let two = |second_key: &str, second_sid: &str| {
+            let text = format!("services:\n  - {{name: a, vip: 10.0.0.1, port: 443, protocol: udp, quic_lb: {{}}, backends: [{{address: 10.1.0.1, name: b1}}]}}\n  - {{name: e, vip: 10.0.0.2, port: 443, protocol: udp, quic_lb: {{{second_key}}}, backends: [{{address: 10.1.0.1, name: b1{second_sid}}}]}}\n");
+            parse_str("p.yaml", &text).map_err(|e| e.to_string())
+        };
+        let e = two("key: 8f95f09245765f80256934e50c66207f", "").unwrap_err();
+        assert!(e.contains("services[1].backends[0]") && e.contains("section 9.7") && e.contains("service `a`"), "{e}");
+        assert!(two("key: 8f95f09245765f80256934e50c66207f", ", server_id: 'beef'").is_ok(), "another ID: allowed");
+        assert!(two("", "").is_ok(), "both in plain sight: one space");
     }
 }
