@@ -9,6 +9,7 @@ mod common;
 
 use std::fmt::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use common::packet::*;
 use lb::balancer::Balancer;
@@ -324,4 +325,49 @@ fn root_a_key_change_reaches_the_kernel_at_the_next_apply() {
     dp.apply(&pool).expect("apply");
     let plain = encode(&Config::new(0, 2, 6, None).expect("valid"), &[0x0a, 0x1b], &[1, 2, 3, 4, 5, 6]);
     assert_eq!(sent_to(&dp, &short_header(443, 40000, &plain)), mac(target(443)));
+}
+
+/// `lb attach --pin` with an encrypted QUIC-LB service: after SIGTERM the pinned program keeps
+/// routing by ID; a new controller adopts it (reporting no change), and its program routes the
+/// same IDs, its own AES context made again from the file.
+#[test]
+fn root_a_pinned_plane_keeps_routing_by_id_across_a_restart() {
+    use common::{Bpffs, Live, Running};
+    let p = common::pair();
+    common::static_backends(&p);
+    let dir = common::temp_dir();
+    let pins = Bpffs::new("lbq");
+    let text = format!("services:\n  - {{name: h3, vip: 10.77.0.100, port: 443, protocol: udp, slots: 13, conntrack: off, quic_lb: {{server_id_len: 2, nonce_len: 6, key: {KEY_B2}}}, backends: [{{address: 10.77.0.21, weight: 0, server_id: '0a1b'}}, {{address: 10.77.0.22, server_id: '0c0d'}}]}}\n");
+    let config = common::write_config(&dir, "pool.yaml", &text);
+    let args = ["attach", "lbv0", "--config", config.to_str().expect("utf-8"), "--pin", "--pin-dir", pins.0.to_str().expect("utf-8"), "--xdp-mode", "generic"];
+    let key: [u8; 16] = parse_hex(KEY_B2).expect("hex").try_into().expect("16");
+    let cid = encode(&Config::new(0, 2, 6, Some(key)).expect("valid"), &[0x0a, 0x1b], &[9, 9, 9, 9, 9, 9]);
+    let mut q = vec![0x41];
+    q.extend_from_slice(&cid);
+    q.extend_from_slice(&[0x5a; 25]);
+    let frame = ipv4(None, CLIENT, Ipv4Addr::new(10, 77, 0, 100), L4::Udp { sport: 40000, dport: 443 }, &V4Opts::default(), &q);
+    let target = common::static_backend_mac("10.77.0.21".parse().expect("addr"));
+    let routed = |prog: u32| {
+        let (action, out) = Live::new(prog).run(&frame);
+        (action, out.get(0..6).map(|m| m.to_vec()))
+    };
+
+    let mut lb = Running::start(&p.lb, &args);
+    let first = Running::prog_id(&lb.wait_for("attached to lbv0", Duration::from_secs(20)));
+    lb.wait_for("serving", Duration::from_secs(20));
+    assert_eq!(routed(first), (XDP_TX, Some(target.to_vec())), "routed by ID");
+    lb.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(lb.wait_exit(Duration::from_secs(20)).success());
+    assert_eq!(routed(first), (XDP_TX, Some(target.to_vec())), "the pinned plane, with no controller");
+
+    let mut lb = Running::start(&p.lb, &args);
+    let line = lb.wait_for("adopted the data plane", Duration::from_secs(20));
+    assert!(line.contains("no service changed"), "{line}");
+    let second = line.split(" -> ").nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok()).expect("program id");
+    lb.wait_for("serving", Duration::from_secs(20));
+    assert_eq!(routed(second), (XDP_TX, Some(target.to_vec())), "the adopted plane");
+    lb.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(lb.wait_exit(Duration::from_secs(20)).success());
+    let out = common::lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.0.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -92,6 +92,21 @@ quic_broken() { # LABEL
     grep "\"phase\":\"$1\"" "$WORK/reports" | tail -1 | python3 -c 'import json, sys; print(sum(c["broken"] for c in json.loads(sys.stdin.read())["connections"]))'
 }
 
+# How many of the phase's live connections the table of POOL sends elsewhere by their 5-tuple
+# as it is now (examples/e2e check, on "address port backend" lines from the report): what the
+# table alone would have done with them.
+quic_elsewhere() { # LABEL POOL
+    grep "\"phase\":\"$1\"" "$WORK/reports" | tail -1 | python3 -c '
+import json, sys
+for c in json.loads(sys.stdin.read())["connections"]:
+    if not c["broken"] and c["last"]:
+        host, port = c["local"].rsplit(":", 1)
+        print(host, port, c["last"])
+' >"$WORK/flows.$1"
+    "$E2E" check --config "$2" --service h3 "$WORK/flows.$1" >"$WORK/check.$1" 2>&1
+    grep -o "[0-9]* elsewhere" "$WORK/check.$1" | cut -d' ' -f1
+}
+
 quic_teardown() {
     exec 7>&- 2>/dev/null
     teardown
@@ -109,42 +124,52 @@ test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_cha
     quic_client_start
     quic_phase start
     out=$(quic_check start "") || fail "connections failed before anything changed: $out"
-    say "$QUIC_N connections echoing: $out"
-    quic_say rebind
-    sleep 1
-    quic_phase rebound
+    [ "$(quic_elsewhere start "$WORK/pool.yaml")" = 0 ] || fail "connections did not start where the table says: $(cat "$WORK/check.start")"
+    say "$QUIC_N connections echoing, each from a port of its own, where the table put them: $out"
     if [ "$quic" = off ]; then
         # The control: the new source ports hash anew, and lb knows nothing else.
+        quic_say rebind
+        sleep 1
+        quic_phase rebound
         local broken
         broken=$(quic_broken rebound)
         say "quic_lb off: $broken of $QUIC_N connections broke when the client rebound"
         [ "$broken" -ge $((QUIC_N / 2)) ] || fail "only $broken of $QUIC_N broke without quic_lb: the test would not tell"
         return 0
     fi
-    out=$(quic_check rebound "") || fail "after the rebinding: $out"
-    say "rebound to new source ports: $out"
-    quic_say "move 10.99.0.51"
-    sleep 1
-    quic_phase moved
-    out=$(quic_check moved "") || fail "after the move to 10.99.0.51: $out"
-    say "moved to another source address: $out"
+    # Pool changes first, while the 5-tuples are the ones the table placed: each shows how many
+    # connections the table alone would have moved.
+    local moved
     quic_pool "$WORK/pool.yaml" on 1:3 2 3
     wait_log "h3 changed" 1
     quic_phase reweighted
     out=$(quic_check reweighted "") || fail "after the reweight: $out"
-    say "b1 reweighted to 3: $out"
+    moved=$(quic_elsewhere reweighted "$WORK/pool.yaml")
+    [ "${moved:-0}" -gt 0 ] || fail "the reweight would have moved no connection: the phase proves nothing"
+    say "b1 reweighted to 3 (the table alone would have moved $moved): $out"
     topo_add_backend "$PREFIX" 4
     quic_server_start 4
     quic_pool "$WORK/pool.yaml" on 1:3 2 3 4
     wait_log "h3 changed" 2
     quic_phase added
     out=$(quic_check added "") || fail "after b4 was added: $out"
-    say "b4 added: $out"
+    moved=$(quic_elsewhere added "$WORK/pool.yaml")
+    [ "${moved:-0}" -gt 0 ] || fail "the addition would have moved no connection: the phase proves nothing"
+    say "b4 added (the table alone would have had $moved elsewhere): $out"
+    quic_say rebind
+    sleep 1
+    quic_phase rebound
+    out=$(quic_check rebound "") || fail "after the rebinding: $out"
+    say "rebound to new source ports ($(quic_elsewhere rebound "$WORK/pool.yaml") now hash elsewhere): $out"
+    quic_say "move 10.99.0.51"
+    sleep 1
+    quic_phase moved
+    out=$(quic_check moved "") || fail "after the move to 10.99.0.51: $out"
+    say "moved to another source address ($(quic_elsewhere moved "$WORK/pool.yaml") hash elsewhere): $out"
     quic_pool "$WORK/pool.yaml" on 1:3 3 4
     wait_log "h3 changed" 3
-    quic_say rebind
     quic_phase removed
     out=$(quic_check removed "b2") || fail "after b2 was removed: $out"
-    say "b2 removed (and the client rebound again): only b2's connections broke: $out"
+    say "b2 removed: only b2's connections broke: $out"
     say "lb: $(grep -o "quic-lb: .*" "$WORK/stats.out" | tail -1)"
 }
