@@ -7,7 +7,7 @@
 //! - `server`: what one server needs to issue routable IDs ([`ServerParams`]), as the text
 //!   `lb quic-lb` prints and servers read;
 //! - `generator` (cargo feature `quinn`): a connection-ID generator for quinn servers
-//!   ([`RoutableIds`]).
+//!   (`RoutableIds`).
 
 mod codec;
 #[cfg(feature = "quinn")]
