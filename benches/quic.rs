@@ -34,14 +34,20 @@ fn pool() -> String {
             let key = if encrypted { format!(", key: {KEY}") } else { String::new() };
             format!("    quic_lb: {{server_id_len: {sid}, nonce_len: {nonce}{key}}}\n")
         };
-        let ids = |i: u8| if port == 443 { String::new() } else { format!(", server_id: '{}'", lb::quic_lb::hex(&vec![i; sid])) };
+        // Each service's own server IDs: a plaintext and an encrypted service may not share one.
+        let ids = |i: u8| if port == 443 { String::new() } else { format!(", server_id: '{}'", lb::quic_lb::hex(&vec![sid_octet(port, i); sid])) };
         text.push_str(&format!(
             "  - name: s{port}\n    vip: 10.99.0.100\n    port: {port}\n    protocol: udp\n    hash: flow\n    conntrack: off\n{quic}    backends:\n      - {{address: 10.99.0.11{}}}\n      - {{address: 10.99.0.12{}}}\n",
-            ids(1),
-            ids(2)
+            ids(0),
+            ids(1)
         ));
     }
     text
+}
+
+/// The octet that fills backend `i`'s server ID in the service on `port`.
+fn sid_octet(port: u16, i: u8) -> u8 {
+    (port as u8) << 1 | i
 }
 
 /// Ethernet + IPv4 + UDP from 192.0.2.7:40000 to the VIP's `port`, carrying a short-header
@@ -84,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|&(port, _, sid, nonce, encrypted)| {
             let config = Config::new(0, sid, nonce, encrypted.then_some(key)).expect("valid");
-            frame(port, &encode(&config, &vec![1; sid], &(0..nonce as u8).collect::<Vec<_>>()))
+            frame(port, &encode(&config, &vec![sid_octet(port, 0); sid], &(0..nonce as u8).collect::<Vec<_>>()))
         })
         .collect();
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); ROWS.len()];
