@@ -276,11 +276,9 @@ pub fn quic_lb_params<'p>(pool: &'p crate::config::Pool, backend: &str, service:
     if quic.is_empty() {
         return Err("no service has `quic_lb:`".to_string());
     }
-    let found: Vec<(&Service, &crate::config::Backend)> = quic
-        .iter()
-        .filter(|s| service.is_none_or(|n| s.name == n))
-        .flat_map(|s| s.backends.iter().filter(|b| b.identity() == backend).map(move |b| (*s, b)))
-        .collect();
+    let named: Vec<&Service> = quic.iter().copied().filter(|s| service.is_none_or(|n| s.name == n)).collect();
+    let found: Vec<(&Service, &crate::config::Backend)> =
+        named.iter().flat_map(|s| s.backends.iter().filter(|b| b.identity() == backend).map(move |b| (*s, b))).collect();
     match found.as_slice() {
         [(s, b)] => {
             let q = s.quic_lb.as_ref().expect("filtered on quic_lb");
@@ -288,13 +286,10 @@ pub fn quic_lb_params<'p>(pool: &'p crate::config::Pool, backend: &str, service:
             Ok((s, crate::quic_lb::ServerParams { rotation: q.rotation, server_id, nonce_len: q.nonce_len as usize, key: q.key }))
         }
         [] => {
-            let names: Vec<String> = quic
-                .iter()
-                .filter(|s| service.is_none_or(|n| s.name == n))
-                .flat_map(|s| s.backends.iter().map(move |b| format!("{} ({})", b.identity(), s.name)))
-                .collect();
+            let names: Vec<String> =
+                named.iter().flat_map(|s| s.backends.iter().map(move |b| format!("{} ({})", b.identity(), s.name))).collect();
             match service {
-                Some(n) if !quic.iter().any(|s| s.name == n) => Err(format!(
+                Some(n) if named.is_empty() => Err(format!(
                     "no `quic_lb:` service named `{n}` (those with quic_lb: {})",
                     quic.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
                 )),

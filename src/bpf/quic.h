@@ -236,7 +236,7 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 	struct lb_quic_aes *aes = NULL;
 	struct lb_quic_scratch *s;
 	struct lb_backend *be;
-	__u32 zero = 0, l, i, *id;
+	__u32 zero = 0, l, i, *id, id_len = QUIC_MAX_CID; /* a short header's: the configuration's */
 	__u8 *q, *cid;
 
 	/* An XDP frame is one page at most: a bound the verifier can carry through `q + n > end`. */
@@ -261,12 +261,7 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		if ((version == QUIC_V1 && type <= 1) || (version == QUIC_V2 && (type == 1 || type == 2)))
 			return count(LB_QUIC_CLIENT_ID, 0);
 		cid = q + 6;
-		if ((cid[0] >> 5) == 7)
-			return count(LB_QUIC_UNROUTABLE, 0);
-		if ((cid[0] >> 5) != cfg->rotation)
-			return count(LB_QUIC_OTHER_CONFIG, 0);
-		if (q[5] < 1 + l)
-			return count(LB_QUIC_SHORT, 0);
+		id_len = q[5];
 	} else {
 		/* Short header: the ID follows the first octet; its length is the configuration's. A
 		 * real packet also carries a packet number and an AEAD tag (16) behind it. */
@@ -279,6 +274,9 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		return count(LB_QUIC_UNROUTABLE, 0);
 	if ((s->cid[0] >> 5) != cfg->rotation)
 		return count(LB_QUIC_OTHER_CONFIG, 0);
+	/* A long header says how long its ID is: one too short for this configuration's. */
+	if (id_len < 1 + l)
+		return count(LB_QUIC_SHORT, 0);
 	__builtin_memcpy(&s->key.service, svc, sizeof(s->key.service));
 	if (cfg->encrypted) {
 		aes = bpf_map_lookup_elem(&quic_aes, svc);

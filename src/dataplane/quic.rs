@@ -69,7 +69,7 @@ impl Dataplane {
         let keys = wanted_keys(pool);
         let mut servers: HashMap<Vec<u8>, u32> = HashMap::new();
         for s in pool.services.iter().filter(|s| s.quic_lb.is_some()) {
-            let rk = plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol };
+            let rk = plan::service_key(s);
             let Some(live) = services.iter().find(|l| l.key == rk) else { continue };
             let ids: HashMap<&str, u32> = live.backends.iter().map(|b| (b.identity.as_str(), b.id)).collect();
             for b in &s.backends {
@@ -153,7 +153,7 @@ fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
     let mut out = HashMap::new();
     for s in &pool.services {
         let Some(q) = &s.quic_lb else { continue };
-        let rk = plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol };
+        let rk = plan::service_key(s);
         let mut mask = [0u8; 16];
         mask[..q.server_id_len as usize].fill(0xff);
         let config = types::lb_quic_config {
@@ -172,6 +172,6 @@ fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
 fn wanted_keys(pool: &Pool) -> HashMap<plan::RouteKey, [u8; 16]> {
     pool.services
         .iter()
-        .filter_map(|s| Some((plan::RouteKey { addr: s.vip, port: s.port, proto: s.protocol }, s.quic_lb.as_ref()?.key?)))
+        .filter_map(|s| Some((plan::service_key(s), s.quic_lb.as_ref()?.key?)))
         .collect()
 }
