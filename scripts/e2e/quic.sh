@@ -107,6 +107,19 @@ for c in json.loads(sys.stdin.read())["connections"]:
     grep -o "[0-9]* elsewhere" "$WORK/check.$1" | cut -d' ' -f1
 }
 
+# After the pool file's CHANGES-th change of h3 (WHAT): phase LABEL, in which no connection may
+# break or move, and in which the table alone must have sent some elsewhere (or the phase would
+# prove nothing).
+quic_pool_changed() { # LABEL CHANGES WHAT
+    local out moved
+    wait_log "h3 changed" "$2"
+    quic_phase "$1"
+    out=$(quic_check "$1" "") || fail "after $3: $out"
+    moved=$(quic_elsewhere "$1" "$WORK/pool.yaml")
+    [ "${moved:-0}" -gt 0 ] || fail "$3 would have moved no connection: the phase proves nothing"
+    say "$3 (the table alone would have sent $moved elsewhere): $out"
+}
+
 quic_teardown() {
     exec 7>&- 2>/dev/null
     teardown
@@ -139,23 +152,12 @@ test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_cha
     fi
     # Pool changes first, while the 5-tuples are the ones the table placed: each shows how many
     # connections the table alone would have moved.
-    local moved
     quic_pool "$WORK/pool.yaml" on 1:3 2 3
-    wait_log "h3 changed" 1
-    quic_phase reweighted
-    out=$(quic_check reweighted "") || fail "after the reweight: $out"
-    moved=$(quic_elsewhere reweighted "$WORK/pool.yaml")
-    [ "${moved:-0}" -gt 0 ] || fail "the reweight would have moved no connection: the phase proves nothing"
-    say "b1 reweighted to 3 (the table alone would have moved $moved): $out"
+    quic_pool_changed reweighted 1 "b1 reweighted to 3"
     topo_add_backend "$PREFIX" 4
     quic_server_start 4
     quic_pool "$WORK/pool.yaml" on 1:3 2 3 4
-    wait_log "h3 changed" 2
-    quic_phase added
-    out=$(quic_check added "") || fail "after b4 was added: $out"
-    moved=$(quic_elsewhere added "$WORK/pool.yaml")
-    [ "${moved:-0}" -gt 0 ] || fail "the addition would have moved no connection: the phase proves nothing"
-    say "b4 added (the table alone would have had $moved elsewhere): $out"
+    quic_pool_changed added 2 "b4 added"
     quic_say rebind
     sleep 1
     quic_phase rebound
