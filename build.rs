@@ -63,6 +63,8 @@ fn main() {
     }
     let object = std::fs::read(out_dir.join("lb.skel.rs")).expect("the skeleton was just written");
     println!("cargo:rustc-env=LB_LAYOUT_HASH={layout}");
+    println!("cargo:rustc-env=LB_LAYOUT_HEX={layout:016x}");
+    println!("cargo:rustc-env=LB_GIT_COMMIT={}", git_commit(&manifest));
     println!("cargo:rustc-env=LB_PROGRAM_HASH={}", fnv1a(&object));
 
     for entry in std::fs::read_dir(manifest.join("src").join("bpf")).expect("src/bpf exists") {
@@ -102,6 +104,42 @@ fn pick_clang() -> PathBuf {
         "no clang >= 15 found ({}): the data plane needs its BTF type tags; scripts/setup.sh installs clang-19, or set LB_CLANG",
         if too_old.is_empty() { "none at all".to_string() } else { too_old.join(", ") }
     )
+}
+
+/// The commit lb is built from, for `lb --version` and `lb_build_info`: $LB_GIT_COMMIT if set
+/// (a build from a source tarball can name its commit), else git's 12-digit abbreviation of
+/// HEAD, else `unknown`. The script reruns when HEAD or the branch it names moves, so the
+/// commit is never stale; changes not yet committed are not marked.
+fn git_commit(manifest: &std::path::Path) -> String {
+    println!("cargo:rerun-if-env-changed=LB_GIT_COMMIT");
+    if let Ok(c) = env::var("LB_GIT_COMMIT") {
+        return c;
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(manifest)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".to_string();
+    };
+    // Watch only files that exist: cargo reruns on every build for a missing one.
+    let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    watched.extend(git(&["rev-parse", "--symbolic-full-name", "HEAD"]));
+    for name in watched {
+        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name]) {
+            if std::path::Path::new(&path).exists() {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+    }
+    commit
 }
 
 /// FNV-1a, 64 bits: enough to tell two builds apart, and no dependency for the build script.

@@ -16,6 +16,10 @@ use crate::stats::Snapshot;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Model {
     pub version: String,
+    /// The commit lb was built from (build.rs), or `unknown`.
+    pub commit: String,
+    /// The BPF map layout, in hex, as `lb --version` prints it.
+    pub bpf_layout: String,
     pub interface: String,
     pub xdp_mode: String,
     pub program_id: u32,
@@ -107,11 +111,13 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     family(
         encoder,
         "lb_build_info",
-        "lb's version, the XDP mode, the interface and the program id (value 1)",
+        "lb's version, commit and BPF map layout, the XDP mode, the interface and the program id (value 1)",
         MetricType::Gauge,
         [(
             vec![
                 ("version", model.version.clone()),
+                ("commit", model.commit.clone()),
+                ("bpf_layout", model.bpf_layout.clone()),
                 ("xdp_mode", model.xdp_mode.clone()),
                 ("interface", model.interface.clone()),
                 ("program_id", model.program_id.to_string()),
@@ -347,6 +353,8 @@ mod tests {
     fn model() -> Model {
         Model {
             version: "0.1.0".into(),
+            commit: "0123456789ab".into(),
+            bpf_layout: "00000000deadbeef".into(),
             interface: "eth0".into(),
             xdp_mode: "native".into(),
             program_id: 42,
@@ -442,7 +450,7 @@ mod tests {
     fn metric_names_labels_and_values_come_from_the_snapshot() {
         let t = text(&model(), &snap(30, 12));
         for line in [
-            "lb_build_info{version=\"0.1.0\",xdp_mode=\"native\",interface=\"eth0\",program_id=\"42\"} 1",
+            "lb_build_info{version=\"0.1.0\",commit=\"0123456789ab\",bpf_layout=\"00000000deadbeef\",xdp_mode=\"native\",interface=\"eth0\",program_id=\"42\"} 1",
             "lb_forwarded_packets_total{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 30",
             "lb_forwarded_bytes_total{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 3000",
             "lb_forwarded_packets_total{service=\"web\",vip=\"10.0.0.100\",backend=\"<b2 & \\\"x\\\">\"} 12",

@@ -333,6 +333,8 @@ impl Publisher {
         }
         Model {
             version: env!("CARGO_PKG_VERSION").to_string(),
+            commit: env!("LB_GIT_COMMIT").to_string(),
+            bpf_layout: env!("LB_LAYOUT_HEX").to_string(),
             interface: self.interface.clone(),
             xdp_mode: self.xdp_mode.clone(),
             program_id: dp.program_id().unwrap_or(0),
