@@ -26,10 +26,12 @@ install clang-19 llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool
 # The monitoring test's real Prometheus (and promtool) and headless browser, and the fleet
 # test's BIRD, without the recommended packages (with them, about 165 more).
 install --no-install-recommends prometheus chromium curl bird2
+# The completions test loads `lb completions` into real shells; man renders the man pages.
+install --no-install-recommends fish zsh man-db
 
 if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || {
-        echo "setup: no Rust toolchain; installing rustup (needs Rust >= 1.82)" >&2
+        echo "setup: no Rust toolchain; installing rustup (needs Rust >= 1.85)" >&2
         curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
     }
     export PATH="$HOME/.cargo/bin:$PATH"

@@ -44,6 +44,8 @@ pub struct DecapArgs {
     #[arg(long, value_name = "PORT", default_value_t = lb::config::DEFAULT_GUE_PORT,
           value_parser = clap::value_parser!(u16).range(1..))]
     gue_port: u16,
+    /// Where the program runs: native (driver), generic (any interface, slower), or auto
+    /// (native, falling back to generic with a warning).
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     xdp_mode: ModeArg,
     /// Print the counters every SECS seconds.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use lb::config::{self, Pool, Service};
 use lb::{diff, report, table};
@@ -18,13 +18,26 @@ mod agent;
 mod daemon;
 mod decap;
 mod log;
+mod manual;
 mod pinned;
 mod plane;
 mod settings;
 mod xdp;
 
+/// `lb --version`: the crate's version, the commit it was built from (build.rs) and the layout
+/// of the BPF maps it pins (the hash of src/bpf/lb.h, which decides whether a pinned data plane
+/// is adopted or replaced). `lb_build_info` carries the same.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LB_GIT_COMMIT"),
+    ", BPF layout ",
+    env!("LB_LAYOUT_HEX"),
+    ")"
+);
+
 #[derive(Parser)]
-#[command(name = "lb", version, about = "An XDP Layer-4 load balancer with consistent-hash destination tables")]
+#[command(name = "lb", version = VERSION, about = "An XDP Layer-4 load balancer with consistent-hash destination tables")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -42,6 +55,7 @@ enum Command {
     },
     /// Build each service's destination table and show how it shares the slots.
     Table {
+        /// The pool YAML file.
         #[arg(long, short = 'c', value_name = "FILE")]
         config: PathBuf,
         /// Only this service.
@@ -55,17 +69,22 @@ enum Command {
     Attach(settings::AttachArgs),
     /// Remove a pinned data plane: detach its program from IFACE and remove its pins.
     Detach {
+        /// The interface the pinned program is attached to.
         #[arg(value_name = "IFACE")]
         iface: String,
+        /// The bpffs directory `lb attach --pin` pinned under (its --pin-dir).
         #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
     },
     /// Show a pinned data plane from its maps: program, controller, services, backends, counters.
     Status {
+        /// The interface the pinned program is attached to.
         #[arg(value_name = "IFACE")]
         iface: String,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// The bpffs directory `lb attach --pin` pinned under (its --pin-dir).
         #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
     },
@@ -93,12 +112,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write lb's man pages (lb.1, lb-attach.1, ...) into DIR, made from these help texts.
+    Man {
+        /// The directory to write them into (created if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Print the completion script for SHELL (bash: `source <(lb completions bash)`).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff {
+        /// The pool file as it is served now.
         #[arg(value_name = "OLD")]
         old: PathBuf,
+        /// The pool file as it would be.
         #[arg(value_name = "NEW")]
         new: PathBuf,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -153,6 +187,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             drop(out);
             return agent::run(args);
         }
+        Command::Man { dir } => {
+            for page in manual::man_pages(Cli::command(), &dir)? {
+                writeln!(out, "{}", page.display())?;
+            }
+        }
+        Command::Completions { shell } => manual::completions(Cli::command(), shell, &mut out)?,
         Command::Check { config } => {
             let pool = load(&config)?;
             for s in &pool.services {
@@ -224,4 +264,44 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+
+    /// Every command and argument says what it is for: `lb help`, the man pages and the shell
+    /// completions are all made from these texts.
+    #[test]
+    fn every_command_and_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                let p = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(p.clone());
+                }
+                walk(sub, &p, missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "lb", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:?}");
+    }
 }

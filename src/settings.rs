@@ -19,9 +19,12 @@ use crate::xdp::ModeArg;
 // No doc comment here: on a flattened struct it would replace the subcommand's own about text.
 #[derive(clap::Args)]
 pub struct AttachArgs {
-    /// The interface clients' traffic arrives on; backends must be on its link.
+    /// The interface clients' traffic arrives on. Backends on its link are reached by MAC
+    /// (forward: l2); others through a router, encapsulated (forward: ipip | gue).
     #[arg(value_name = "IFACE")]
     iface: String,
+    /// The pool YAML file: services and their backends (docs/configuration.md). Re-read when
+    /// it changes, on SIGHUP, and every --recheck-interval.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: PathBuf,
     /// Where the program runs: native (driver), generic (any interface, slower), or auto

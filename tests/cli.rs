@@ -253,3 +253,126 @@ fn quic_lb_prints_what_a_server_needs_and_lb_table_agrees() {
     let json: Value = serde_json::from_str(&stdout(&lb(&["quic-lb", "-c", pool.path(), "-b", "b1", "-s", "h3b", "--json"]))).expect("JSON");
     assert_eq!((json["server-id-length"].as_u64(), json["nonce-length"].as_u64(), json.get("cid-key")), (Some(2), Some(6), None));
 }
+
+/// `lb --version`: the crate's version, the commit this checkout is at (CI builds a clean
+/// clone), and the layout of the maps it pins: the FNV-1a hash of src/bpf/lb.h, which decides
+/// whether a restart adopts a pinned data plane.
+#[test]
+fn version_names_the_commit_and_the_bpf_layout() {
+    let o = lb(&["--version"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read(root.join("src/bpf/lb.h")).unwrap();
+    let layout = header.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let commit = match Command::new("git").arg("-C").arg(root).args(["rev-parse", "--short=12", "HEAD"]).output() {
+        Ok(g) if g.status.success() => String::from_utf8_lossy(&g.stdout).trim().to_string(),
+        _ => "unknown".to_string(),
+    };
+    assert_eq!(
+        text.trim(),
+        format!("lb {} (commit {commit}, BPF layout {layout:016x})", env!("CARGO_PKG_VERSION")),
+        "lb --version"
+    );
+    // -V is the same.
+    assert_eq!(stdout(&lb(&["-V"])), text);
+}
+
+/// The flags `lb SUBCOMMAND --help` lists.
+fn flags_in_help(args: &[&str]) -> Vec<String> {
+    let mut a = args.to_vec();
+    a.push("--help");
+    let help = stdout(&lb(&a));
+    let mut flags: Vec<String> = help
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("--") && w.len() > 2 && w != &"--help")
+        .map(str::to_string)
+        .collect();
+    flags.sort();
+    flags.dedup();
+    flags
+}
+
+/// `lb man DIR`: a page per command, named as `man` looks them up, each listing every flag its
+/// command's --help lists, so the pages cannot drift from the binary.
+#[test]
+fn man_pages_cover_every_command_and_flag() {
+    let dir = std::env::temp_dir().join(format!("lb-cli-{}-man", std::process::id()));
+    let o = lb(&["man", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let commands = ["check", "table", "attach", "detach", "status", "decap", "agent", "quic-lb", "man", "completions", "diff"];
+    let written: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert_eq!(written.len(), commands.len() + 1, "{written:?}");
+    for sub in [None].into_iter().chain(commands.iter().map(Some)) {
+        let (page, args) = match sub {
+            None => ("lb.1".to_string(), vec![]),
+            Some(s) => (format!("lb-{s}.1"), vec![*s]),
+        };
+        let path = dir.join(&page);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{page}: {e}")).replace("\\-", "-");
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is not a man page");
+        assert!(text.contains("SEE ALSO"), "{page}");
+        for flag in flags_in_help(&args) {
+            assert!(text.contains(&flag), "{page} does not mention {flag}");
+        }
+        if sub.is_none() {
+            for c in commands {
+                assert!(text.contains(&format!("lb-{c}")), "lb.1 does not name lb-{c}");
+            }
+        }
+    }
+    // Rendered by man itself, when it is installed: no roff warnings.
+    if let Ok(r) = Command::new("man").env("MANWIDTH", "80").arg("--warnings").arg("-l").arg(dir.join("lb-attach.1")).output() {
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        assert!(String::from_utf8_lossy(&r.stderr).trim().is_empty(), "man warns: {}", String::from_utf8_lossy(&r.stderr));
+        assert!(String::from_utf8_lossy(&r.stdout).contains("--conntrack-guard"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a shell offers after `words`, from `lb completions SHELL` loaded into that shell.
+fn completed(shell: &str, words: &str) -> String {
+    let lb = env!("CARGO_BIN_EXE_lb");
+    // bash's words: a trailing space starts an empty one.
+    let array = if words.ends_with(' ') { format!("{words}''") } else { words.to_string() };
+    let script = match shell {
+        "bash" => format!(
+            "source <('{lb}' completions bash); COMP_WORDS=({array}); COMP_CWORD=$((${{#COMP_WORDS[@]}}-1)); \
+             COMP_LINE='{words}'; COMP_POINT=${{#COMP_LINE}}; \
+             _lb lb \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        ),
+        "fish" => format!("'{lb}' completions fish | source; complete -C '{words}'"),
+        _ => unreachable!(),
+    };
+    let o = Command::new(shell).arg("-c").arg(&script).output().unwrap_or_else(|e| panic!("{shell} (scripts/setup.sh installs it): {e}"));
+    assert!(o.status.success(), "{shell}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `lb completions`: bash and fish, loaded into the real shells, offer lb's subcommands and
+/// flags; zsh's script is valid zsh. (scripts/setup.sh installs fish and zsh.)
+#[test]
+fn completions_complete_in_real_shells() {
+    for shell in ["bash", "fish"] {
+        let subs = completed(shell, "lb a");
+        for s in ["attach", "agent"] {
+            assert!(subs.lines().any(|l| l.split_whitespace().next() == Some(s)), "{shell}: `lb a` offers {subs:?}");
+        }
+        let flags = completed(shell, "lb attach --con");
+        for f in ["--config", "--conntrack-guard", "--conntrack-size"] {
+            assert!(flags.lines().any(|l| l.split_whitespace().next() == Some(f)), "{shell}: `lb attach --con` offers {flags:?}");
+        }
+        let modes = completed(shell, "lb attach eth0 --xdp-mode ");
+        assert!(modes.contains("generic") && modes.contains("native"), "{shell}: modes {modes:?}");
+    }
+    let zsh = lb(&["completions", "zsh"]);
+    let dir = std::env::temp_dir().join(format!("lb-cli-{}-zsh", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("_lb"), &zsh.stdout).unwrap();
+    let o = Command::new("zsh").arg("-n").arg(dir.join("_lb")).output().expect("zsh (scripts/setup.sh installs it)");
+    assert!(o.status.success(), "zsh -n _lb: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&zsh.stdout).contains("#compdef lb"));
+    let _ = std::fs::remove_dir_all(&dir);
+    // A shell clap does not know is a usage error.
+    assert_eq!(lb(&["completions", "tcsh"]).status.code(), Some(2));
+}

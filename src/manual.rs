@@ -1,0 +1,70 @@
+//! `lb man` and `lb completions`: the man pages and shell completions, made from the clap
+//! definitions in main.rs by clap_mangen and clap_complete, so that they say what the binary
+//! does. The Debian package ships them (scripts/package.sh); nothing here is written by hand.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Command;
+
+/// Writes one page per command into `dir`: lb.1, and lb-attach.1 and friends (the names `man`
+/// looks for, `man lb-attach`). Returns the files written, in command order. The pages carry no
+/// date, so the same source gives the same pages.
+pub(crate) fn man_pages(cmd: Command, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let mut pages = Vec::new();
+    collect(&cmd, &mut pages);
+    let names: Vec<String> = pages.iter().map(|c| page_name(c)).collect();
+    let mut written = Vec::new();
+    for page in pages {
+        let name = page_name(page);
+        let path = dir.join(format!("{name}.1"));
+        let mut text = Vec::new();
+        clap_mangen::Man::new(page.clone())
+            .source(format!("lb {}", env!("CARGO_PKG_VERSION")))
+            .manual("lb manual")
+            .render(&mut text)
+            .with_context(|| format!("rendering {name}.1"))?;
+        see_also(&mut text, &name, &names)?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// The command and its visible subcommands, depth first.
+fn collect<'a>(cmd: &'a Command, out: &mut Vec<&'a Command>) {
+    out.push(cmd);
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        collect(sub, out);
+    }
+}
+
+/// `lb`, `lb-attach`: clap names a built subcommand after its parents.
+fn page_name(cmd: &Command) -> String {
+    cmd.get_display_name().unwrap_or_else(|| cmd.get_name()).to_string()
+}
+
+/// A SEE ALSO section naming the other pages and the full documentation.
+fn see_also(text: &mut Vec<u8>, this: &str, names: &[String]) -> Result<()> {
+    let others: Vec<String> = names.iter().filter(|n| n.as_str() != this).map(|n| format!("\\fB{n}\\fR(1)")).collect();
+    writeln!(text, ".SH \"SEE ALSO\"")?;
+    writeln!(text, "{}", others.join(", "))?;
+    writeln!(text, ".PP")?;
+    writeln!(
+        text,
+        "The full documentation (configuration, operating, monitoring, restarts, encapsulation, fleets) is in /usr/share/doc/lb/ when lb is installed from its package, and under docs/ in its source."
+    )?;
+    Ok(())
+}
+
+/// Writes the completion script for `shell` to `out`. Made in memory first: clap_complete
+/// panics on a failed write, and a closed pipe (`lb completions bash | head`) is not a panic.
+pub(crate) fn completions(mut cmd: Command, shell: clap_complete::Shell, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "lb", &mut script);
+    out.write_all(&script)
+}
