@@ -26,8 +26,10 @@ install clang-19 llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool
 # The monitoring test's real Prometheus (and promtool) and headless browser, and the fleet
 # test's BIRD, without the recommended packages (with them, about 165 more).
 install --no-install-recommends prometheus chromium curl bird2
-# The completions test loads `lb completions` into real shells; man renders the man pages.
-install --no-install-recommends fish zsh man-db
+# The completions test loads `lb completions` into real shells; man renders the man pages. The
+# package test checks the .deb with lintian, makes a fresh Debian root with debootstrap and
+# boots systemd in it with systemd-nspawn (systemd-container).
+install --no-install-recommends fish zsh man-db lintian debootstrap systemd-container
 
 if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || {
@@ -36,5 +38,8 @@ if ! command -v cargo >/dev/null 2>&1; then
     }
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
+
+# scripts/package.sh builds the Debian package with cargo-deb.
+command -v cargo-deb >/dev/null 2>&1 || cargo install --quiet --locked cargo-deb
 
 cargo build --release --quiet

@@ -30,4 +30,6 @@ cp target/release/lb target/release/lb-layout-test
 cargo build --release --bins --examples
 # The QUIC-LB test's quinn server and client: a crate of its own (tools/quic-echo).
 cargo build --release -p quic-echo
+# The package test installs the Debian package this build makes (README, "Install").
+scripts/package.sh
 scripts/e2e.sh

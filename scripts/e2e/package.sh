@@ -1,0 +1,162 @@
+# shellcheck shell=bash
+# The Debian package (scripts/package.sh) as an operator meets it: lintian's findings; a fresh
+# Debian root (debootstrap, no Rust toolchain) that installs, removes and purges it leaving
+# nothing behind; and the unit under a real systemd, booted in that root by systemd-nspawn
+# inside the test's lb namespace: it serves as user lb with only its three capabilities,
+# `systemctl restart` under traffic breaks no connection, `systemctl stop` leaves nothing
+# attached.
+#
+# This machine's PID 1 is not systemd; systemd-nspawn --boot runs one as PID 1 of its own PID
+# and mount namespaces. Two things a systemd host has and a container does not are given to it:
+# the capabilities and system calls the unit keeps for lb (a container's bounding set and
+# seccomp filter drop CAP_BPF, CAP_PERFMON and bpf()), and a bpffs at /sys/fs/bpf (systemd
+# mounts one at boot on a host; nspawn does not).
+
+# lintian findings the package keeps, each with its reason (docs/operating.md, "The package").
+LINTIAN_KNOWN="bogus-mail-host bogus-mail-host-in-debian-changelog"
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+package_teardown() {
+    if [ -n "${NSPAWN:-}" ]; then
+        [ -n "${LEADER:-}" ] && kill -s SIGRTMIN+4 "$LEADER" 2>/dev/null
+        wait_until 100 0.1 nspawn_gone || kill -9 "$NSPAWN" 2>/dev/null
+        wait "$NSPAWN" 2>/dev/null
+    fi
+    if [ -n "${PINS:-}" ]; then
+        ip netns exec "$PREFIX-lb" "$LB" detach eth0 --pin-dir "$PINS/lb" >/dev/null 2>&1 || true
+        umount "$PINS" 2>/dev/null || true
+        rmdir "$PINS" 2>/dev/null || true
+    fi
+}
+
+nspawn_gone() { ! kill -0 "$NSPAWN" 2>/dev/null; }
+
+# A command inside the booted root: its mount, PID, network and other namespaces.
+in_box() { nsenter -t "$LEADER" -a "$@"; }
+
+box_running() {
+    local s
+    s=$(in_box systemctl is-system-running 2>/dev/null) || true
+    [ "$s" = running ] || [ "$s" = degraded ]
+}
+
+unit_is() { [ "$(in_box systemctl is-active lb 2>/dev/null)" = "$1" ]; }
+
+# The paths of ROOT's files, with mode and owner, for the before and after of a purge. dpkg's
+# own records and logs change by design and are left out.
+root_files() { # ROOT
+    (cd "$1" && find . -xdev -printf '%p %m %u:%g\n' | grep -Ev '^\./(var/lib/dpkg|var/lib/apt|var/cache/apt|var/cache/man|var/log|var/cache/debconf|tmp)/|^\./etc/(passwd|group|shadow|gshadow)- ' | sort)
+}
+
+test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # MODE
+    local mode=$1 deb root uid caps want_caps before
+    setup "$mode"
+    trap 'package_teardown; teardown' EXIT
+    # The package scripts/package.sh made next to the lb under test (LB_DEB names another).
+    deb=${LB_DEB:-$(find "$(dirname "$LB")/../debian" -name 'lb_*.deb' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2)}
+    [ -n "$deb" ] || fail "no lb_*.deb next to $LB: build it with scripts/package.sh"
+    for t in lintian debootstrap systemd-nspawn; do
+        command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh installs it)"
+    done
+
+    # lintian: every finding is printed; any error or warning not known (and explained) fails.
+    lintian --info "$deb" >"$WORK/lintian.out" 2>&1 || true
+    say "lintian $(basename "$deb"): $(grep -cE '^[EWIPX]: ' "$WORK/lintian.out" || true) findings"
+    grep -E '^[EWIPX]: ' "$WORK/lintian.out" | sed 's/^/      /' || true
+    local tag unknown=""
+    while read -r tag; do
+        [[ " $LINTIAN_KNOWN " == *" $tag "* ]] || unknown+=" $tag"
+    done < <(awk '/^[EW]: / { print $3 }' "$WORK/lintian.out")
+    [ -z "$unknown" ] || fail "lintian errors or warnings not accounted for:$unknown"
+
+    # A fresh Debian: minbase with systemd (and man-db, which systemd-analyze verify asks for the
+    # unit's man page), and no Rust toolchain.
+    root="$WORK/root"
+    debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,man-db bookworm "$root" "$DEBIAN_MIRROR" \
+        >"$WORK/debootstrap.log" 2>&1 || { tail -5 "$WORK/debootstrap.log" >&2; fail "debootstrap"; }
+    ! chroot "$root" sh -c 'command -v cargo || command -v rustc' >/dev/null || fail "the fresh root has a Rust toolchain"
+    cp "$deb" "$root/tmp/lb.deb"
+
+    # Install, remove, purge: nothing of lb stays, and nothing else changed. dpkg -i alone stops
+    # at the dependency the fresh root lacks (libelf1), and apt-get -f install fetches it.
+    before=$(root_files "$root")
+    ! chroot "$root" dpkg -i /tmp/lb.deb >"$WORK/dpkg.log" 2>&1 || fail "dpkg -i configured lb without libelf1"
+    grep -q "lb depends on libelf1" "$WORK/dpkg.log" || { cat "$WORK/dpkg.log" >&2; fail "dpkg -i failed for another reason"; }
+    chroot "$root" apt-get update -qq >>"$WORK/dpkg.log" 2>&1 || fail "apt-get update in the fresh root"
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -f -y -qq >>"$WORK/dpkg.log" 2>&1 \
+        || { tail -20 "$WORK/dpkg.log" >&2; fail "apt-get -f install"; }
+    chroot "$root" getent passwd lb >/dev/null || fail "no lb user after dpkg -i"
+    [ "$(chroot "$root" lb --version)" = "$("$LB" --version)" ] || fail "the packaged lb is not this build: $(chroot "$root" lb --version)"
+    [ "$(chroot "$root" systemctl is-enabled lb 2>&1)" = disabled ] || fail "the unit is not installed disabled"
+    for f in usr/share/man/man1/lb.1.gz usr/share/man/man1/lb-attach.1.gz usr/share/bash-completion/completions/lb \
+        usr/share/zsh/vendor-completions/_lb usr/share/fish/vendor_completions.d/lb.fish etc/lb/pool.yaml etc/default/lb \
+        usr/share/doc/lb/examples/bird/node.conf usr/share/doc/lb/README.md usr/lib/systemd/system/lb.service; do
+        [ -s "$root/$f" ] || fail "the package did not install /$f"
+    done
+    chroot "$root" lb check --config /etc/lb/pool.yaml >/dev/null || fail "the example pool does not check"
+    chroot "$root" man -w lb-attach >/dev/null || fail "man lb-attach finds no page"
+    chroot "$root" dpkg -r lb >>"$WORK/dpkg.log" 2>&1 || fail "dpkg -r"
+    [ ! -e "$root/usr/bin/lb" ] || fail "dpkg -r left /usr/bin/lb"
+    [ -e "$root/etc/lb/pool.yaml" ] || fail "dpkg -r removed the configuration (only a purge may)"
+    chroot "$root" dpkg --purge lb >>"$WORK/dpkg.log" 2>&1 || fail "dpkg --purge"
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get autoremove --purge -y -qq >>"$WORK/dpkg.log" 2>&1 || fail "apt-get autoremove"
+    ! chroot "$root" getent passwd lb >/dev/null || fail "the lb user stays after purge"
+    diff <(echo "$before") <(root_files "$root") >"$WORK/purge.diff" || { cat "$WORK/purge.diff" >&2; fail "install and purge left the root changed"; }
+    say "fresh bookworm root: dpkg -i (and apt-get -f install for libelf1), dpkg -r, dpkg --purge (and autoremove);" \
+        "after the purge its $(echo "$before" | wc -l) files are as before"
+
+    # Installed again as the README says, configured for the test's lb namespace, and booted.
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq ./tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 \
+        || { tail -20 "$WORK/dpkg.log" >&2; fail "apt-get install ./lb.deb"; }
+    cp "$WORK/pool.yaml" "$root/etc/lb/pool.yaml"
+    printf 'LB_INTERFACE=eth0\nLB_OPTIONS="--metrics 127.0.0.1:9100 --xdp-mode %s"\n' "$mode" >"$root/etc/default/lb"
+    pins_up
+    SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn --quiet --keep-unit --register=no --directory="$root" --boot \
+        --machine="lbt$$" --network-namespace-path="/run/netns/$PREFIX-lb" \
+        --capability=CAP_BPF,CAP_PERFMON,CAP_NET_ADMIN --system-call-filter="bpf perf_event_open" \
+        --bind="$PINS:/sys/fs/bpf" systemd.firstboot=off >"$WORK/nspawn.log" 2>&1 &
+    NSPAWN=$!
+    wait_until 100 0.1 pgrep -P "$NSPAWN" >/dev/null || { cat "$WORK/nspawn.log" >&2; fail "systemd-nspawn did not start"; }
+    LEADER=$(pgrep -P "$NSPAWN" | head -1)
+    wait_until 300 0.1 box_running || { tail -20 "$WORK/nspawn.log" >&2; fail "systemd in the root did not come up"; }
+    [ "$(in_box readlink /proc/1/exe)" = /usr/lib/systemd/systemd ] || fail "PID 1 in the root is not systemd"
+
+    in_box systemd-analyze verify lb.service >"$WORK/verify.out" 2>&1 || { cat "$WORK/verify.out" >&2; fail "systemd-analyze verify lb.service"; }
+    in_box systemctl enable --now lb >/dev/null 2>&1 || true
+    wait_until 300 0.05 unit_is active || fail "lb.service is $(in_box systemctl is-active lb)"
+    wait_until 300 0.05 xdp_attached || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "lb.service attached nothing"; }
+    local pid
+    pid=$(in_box systemctl show -p MainPID --value lb)
+    uid=$(in_box id -u lb)
+    in_box cat "/proc/$pid/status" >"$WORK/status"
+    [ "$(awk '/^Uid:/ { print $2 $3 $4 $5 }' "$WORK/status")" = "$uid$uid$uid$uid" ] || fail "lb does not run as user lb: $(grep Uid "$WORK/status")"
+    # CAP_NET_ADMIN (12), CAP_PERFMON (38), CAP_BPF (39): effective, permitted and bounding.
+    want_caps=000000c000001000
+    caps=$(awk '/^Cap(Eff|Prm|Bnd):/ { printf "%s ", $2 }' "$WORK/status")
+    [ "$caps" = "$want_caps $want_caps $want_caps " ] || fail "lb's capabilities (effective, permitted, bounding): $caps"
+    ip netns exec "$PREFIX-lb" curl -s --max-time 5 http://127.0.0.1:9100/metrics >"$WORK/metrics" || fail "no /metrics"
+    grep -q "lb_build_info{.*commit=\"$("$LB" --version | sed 's/.*commit \([^,]*\),.*/\1/')\"" "$WORK/metrics" || fail "lb_build_info does not name this build's commit"
+    in_box systemctl reload lb || fail "systemctl reload"
+    wait_until 100 0.05 sh -c "nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -q 'reload (SIGHUP)'" || fail "systemctl reload did not reach lb"
+    say "lb.service under systemd (PID 1 of the root): user lb (uid $uid), capabilities $want_caps (net_admin, perfmon, bpf) only"
+
+    # systemctl restart under traffic: the pinned data plane forwards while lb is away.
+    hold_open "$TOPO_CLIENTS4" 100 8
+    churn_start
+    sleep 1
+    in_box systemctl restart lb || fail "systemctl restart"
+    wait_until 300 0.05 unit_is active || fail "lb.service did not come back"
+    wait_until 300 0.05 sh -c "nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -q 'adopted the data plane'" \
+        || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "the restarted lb did not adopt the pinned data plane"; }
+    sleep 1
+    churn_stop || fail "new connections failed across the restart: $CHURN_SUMMARY"
+    hold_wait "a held connection broke across systemctl restart"
+    say "systemctl restart under traffic: held $(hold_summary); $CHURN_SUMMARY"
+
+    # systemctl stop: nothing attached, no pins left.
+    in_box systemctl stop lb || fail "systemctl stop"
+    wait_until 100 0.05 xdp_detached || fail "systemctl stop left the program attached"
+    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "systemctl stop left pins: $(find "$PINS/lb" -mindepth 1 | head -3)"
+    in_box journalctl -u lb --no-pager | grep -q "stop-post.*detached XDP program" || fail "stop-post did not detach"
+    say "systemctl stop: the program detached and every pin removed"
+}
