@@ -7,12 +7,12 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
 use lb::config::Pool;
-use lb::health::{self, HealthMap, Outcome, Transition};
+use lb::health::{self, HealthMap, Outcome, ProbeRecord, Transition};
 use lb::stats::Snapshot;
 
 use super::describe::{backend_label, label_of};
@@ -91,12 +91,12 @@ impl Health {
         next
     }
 
-    /// Takes the probe results that arrived (each also told to `seen`: service, success, how
-    /// long it took); true when a backend changed state, so that the pool is installed again.
-    pub(super) fn results(&mut self, pool: &Pool, mut seen: impl FnMut(&str, bool, Duration)) -> bool {
+    /// Takes the probe results that arrived (each backend's probe record, once a result is
+    /// added to it, also goes to `seen`); true when a backend changed state, so that the pool
+    /// is installed again.
+    pub(super) fn results(&mut self, pool: &Pool, mut seen: impl FnMut(&Key, &ProbeRecord)) -> bool {
         let mut changed = false;
         for (key, result, took) in self.prober.drain() {
-            seen(&key.0, result.is_ok(), took);
             let Some(s) = pool.service(&key.0) else { continue };
             let Some(check) = &s.health_check else { continue };
             // A backend a reload took out while its probe ran: an entry made for it now would
@@ -106,6 +106,7 @@ impl Health {
             }
             let h = self.map.entry(key.clone()).or_default();
             h.probes.add(result.as_ref().map_or_else(|f| f.outcome, |()| Outcome::Success), took);
+            seen(&key, &h.probes);
             let label = label_of(pool, &key.0, &key.1);
             match h.record(result.map_err(String::from), check.rise, check.fall) {
                 Some(Transition::Down { failures, reason }) => {

@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 
 use lb::config::{BackendState, Pool, WEIGHT_STEPS};
 use lb::load::{Adjustment, Key};
-use lb::health::HealthMap;
+use lb::health::{HealthMap, ProbeRecord};
 use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
 use lb::stats::Snapshot;
 
@@ -46,21 +46,10 @@ struct ReloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProbeLabels {
-    service: String,
-    outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AgentLabels {
     service: String,
     backend: String,
     outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServiceLabel {
-    service: String,
 }
 
 /// The serve loop's handle: what it reports as it goes.
@@ -71,8 +60,6 @@ pub(super) struct Metrics {
     last_reload: Gauge<f64, std::sync::atomic::AtomicU64>,
     last_reload_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     reload_apply: Histogram,
-    probes: Family<ProbeLabels, Counter>,
-    probe_latency: Family<ServiceLabel, Histogram>,
     agent_answers: Family<AgentLabels, Counter>,
 }
 
@@ -94,10 +81,15 @@ impl Metrics {
         }
     }
 
-    fn probe(&self, service: &str, ok: bool, latency: Duration) {
-        let outcome = if ok { "success" } else { "failure" };
-        self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
-        self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(latency.as_secs_f64());
+    /// A backend's probe record after its newest probe. Written into the published model in
+    /// place: rebuilding the model for every probe result would cost a walk of every table.
+    fn probe(&self, service: &str, backend: &str, record: &ProbeRecord) {
+        let Ok(mut m) = self.model.lock() else { return };
+        let b = m.services.iter_mut().filter(|s| s.name == service).flat_map(|s| s.backends.iter_mut()).find(|b| b.identity == backend);
+        // A backend not in the model yet is in the next one published, record and all.
+        if let Some(b) = b.filter(|b| b.probes.is_some()) {
+            b.probes = Some(record.clone());
+        }
     }
 
     fn agent(&self, service: &str, backend: &str, outcome: &str) {
@@ -145,8 +137,6 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
         last_reload: Gauge::default(),
         last_reload_seconds: Gauge::default(),
         reload_apply: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
-        probes: Family::default(),
-        probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
         agent_answers: Family::default(),
     };
     let mut registry = Registry::default();
@@ -154,8 +144,6 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
     registry.register("lb_last_reload_timestamp_seconds", "When the last reload was applied (Unix time)", m.last_reload.clone());
     registry.register("lb_last_reload_duration_seconds", "How long applying the last reload took", m.last_reload_seconds.clone());
     registry.register("lb_reload_apply_seconds", "Time to apply a reload (tables built, planned, written)", m.reload_apply.clone());
-    registry.register("lb_health_probes", "Health probes by service and outcome", m.probes.clone());
-    registry.register("lb_health_probe_duration_seconds", "Health probe latency by service", m.probe_latency.clone());
     registry.register(
         "lb_agent_answers",
         "Load agents' answers by service, backend and outcome: ok, garbage (a line lb could not read), failed (no line), late (after the interval's weights were decided)",
@@ -264,9 +252,10 @@ impl Publisher {
         }
     }
 
-    pub(super) fn probe(&self, service: &str, ok: bool, latency: Duration) {
+    /// A backend's probe record after its newest probe.
+    pub(super) fn probe(&self, service: &str, backend: &str, record: &ProbeRecord) {
         if let Some(m) = &self.metrics {
-            m.probe(service, ok, latency);
+            m.probe(service, backend, record);
         }
     }
 
@@ -313,6 +302,7 @@ impl Publisher {
                         slots: owned.get(&b.id).copied().unwrap_or(0),
                         healthy,
                         health: if !checked { "not checked".to_string() } else { h.map_or("healthy".to_string(), |h| h.describe()) },
+                        probes: checked.then(|| h.map(|h| h.probes.clone()).unwrap_or_default()),
                         state: configured.map_or("active", |c| c.state.as_str()).to_string(),
                         mac_known: dp.mac(dp.neighbour_of(b.address)).is_some(),
                     }
