@@ -4,6 +4,7 @@
 //! for a backend's last probe.
 
 use std::fmt;
+use std::time::Duration;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -59,21 +60,21 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Res
     )
 }
 
-/// `success, 1.2 ms` for a checked backend's last probe; `not yet` before its first, and
-/// nothing for a backend that is not checked.
+/// `success, 1.2 ms` for a checked backend's last probe (two decimals below a millisecond:
+/// a refusal on the next rack takes 0.04 ms); `not yet` before its first, and nothing for a
+/// backend that is not checked.
 pub(super) fn last_probe(b: &BackendModel) -> String {
     match b.probes.as_ref().map(|p| p.last) {
         None => String::new(),
         Some(None) => "not yet".to_string(),
-        Some(Some((outcome, took))) if took.as_secs_f64() < 1.0 => format!("{}, {:.1} ms", outcome.as_str(), took.as_secs_f64() * 1e3),
+        Some(Some((outcome, took))) if took < Duration::from_millis(1) => format!("{}, {:.2} ms", outcome.as_str(), took.as_secs_f64() * 1e3),
+        Some(Some((outcome, took))) if took < Duration::from_secs(1) => format!("{}, {:.1} ms", outcome.as_str(), took.as_secs_f64() * 1e3),
         Some(Some((outcome, took))) => format!("{}, {:.2} s", outcome.as_str(), took.as_secs_f64()),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::super::tests::{model, snap, text};
     use super::*;
 
@@ -135,6 +136,8 @@ mod tests {
         let p = b.probes.as_mut().expect("checked");
         p.add(Outcome::Success, Duration::from_micros(1234));
         assert_eq!(last_probe(&b), "success, 1.2 ms");
+        b.probes.as_mut().expect("checked").add(Outcome::Refused, Duration::from_micros(43));
+        assert_eq!(last_probe(&b), "refused, 0.04 ms");
         b.probes.as_mut().expect("checked").add(Outcome::Timeout, Duration::from_millis(2500));
         assert_eq!(last_probe(&b), "timeout, 2.50 s");
         b.probes = None;
