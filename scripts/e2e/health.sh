@@ -8,9 +8,9 @@ health_scrape() { # FILE
     ip netns exec "$PREFIX-lb" curl -sf --max-time 5 http://127.0.0.1:9100/metrics >"$1" || fail "no scrape of /metrics"
 }
 
-# web's BACKEND: lb_health_probes_total for OUTCOME in the scrape FILE (empty if absent).
+# web's BACKEND: lb_backend_probes_total for OUTCOME in the scrape FILE (empty if absent).
 probes_of() { # FILE BACKEND OUTCOME
-    awk -v s="lb_health_probes_total{service=\"web\",backend=\"$2\",outcome=\"$3\"}" '$1 == s {print $2}' "$1"
+    awk -v s="lb_backend_probes_total{service=\"web\",backend=\"$2\",outcome=\"$3\"}" '$1 == s {print $2}' "$1"
 }
 
 # web's BACKEND has every outcome's counter in the scrape FILE, and its latency histogram
@@ -19,10 +19,10 @@ probes_add_up() { # FILE BACKEND
     local sum=0 o n count
     for o in success timeout refused bad_status error; do
         n=$(probes_of "$1" "$2" "$o")
-        [ -n "$n" ] || fail "no lb_health_probes_total of $2 for $o"
+        [ -n "$n" ] || fail "no lb_backend_probes_total of $2 for $o"
         sum=$((sum + n))
     done
-    count=$(awk -v s="lb_health_probe_duration_seconds_count{service=\"web\",backend=\"$2\"}" '$1 == s {print $2}' "$1")
+    count=$(awk -v s="lb_backend_probe_duration_seconds_count{service=\"web\",backend=\"$2\"}" '$1 == s {print $2}' "$1")
     [ "$count" = "$sum" ] || fail "$2: the latency histogram counts ${count:-nothing}, its outcome counters add up to $sum"
 }
 
@@ -54,6 +54,11 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
     [ "$(probes_of "$WORK/m1" b2 refused)" -ge 3 ] || fail "b2 is down with $(probes_of "$WORK/m1" b2 refused) refused probes counted"
     [ "$(probes_of "$WORK/m2" b2 refused)" -gt "$(probes_of "$WORK/m1" b2 refused)" ] || fail "b2's refused probes do not grow"
     [ "$(probes_of "$WORK/m2" b2 success)" -gt 0 ] || fail "b2's successes before it stopped are not counted"
+    # The per-service pair of before issue 27 goes on: b2's refusals are web's failures.
+    local failures
+    failures=$(awk '$1 == "lb_health_probes_total{service=\"web\",outcome=\"failure\"}" {print $2}' "$WORK/m2")
+    [ "${failures:-0}" -ge "$(probes_of "$WORK/m2" b2 refused)" ] || fail "lb_health_probes_total{outcome=failure} is ${failures:-absent}"
+    grep -q '^lb_health_probe_duration_seconds_count{service="web"}' "$WORK/m2" || fail "no per-service probe latency"
     for b in b1 b3; do
         [ "$(probes_of "$WORK/m2" $b success)" -gt "$(probes_of "$WORK/m1" $b success)" ] || fail "$b's successes do not grow"
         [ "$(probes_of "$WORK/m2" $b refused)" = 0 ] || fail "$b has refused probes"
@@ -85,7 +90,7 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
     sed -i 's/, {address: 10.99.0.13, name: b3, weight: 2}//' "$WORK/pool.yaml"
     wait_log "b3 removed" 1
     health_scrape "$WORK/m5"
-    if grep -q 'lb_health_probe.*backend="b3"' "$WORK/m5"; then fail "b3 left web, its probe series did not"; fi
+    if grep -q 'lb_backend_probe.*backend="b3"' "$WORK/m5"; then fail "b3 left web, its probe series did not"; fi
     [ "$(probes_of "$WORK/m5" b1 success)" -ge "$(probes_of "$WORK/m4" b1 success)" ] || fail "removing b3 reset b1's probe counts"
     probes_add_up "$WORK/m5" b2
     say "b2 left in $(((t1 - t0) / 1000000)) ms, $moved of 1000 flows (only b2's) moved, stayed out across a reload; after 2 good probes every flow is back"

@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 
 use lb::config::{BackendState, Pool, WEIGHT_STEPS};
 use lb::load::{Adjustment, Key};
-use lb::health::{HealthMap, ProbeRecord};
+use lb::health::{HealthMap, Outcome, ProbeRecord};
 use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
 use lb::stats::Snapshot;
 
@@ -46,6 +46,17 @@ struct ReloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    service: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AgentLabels {
     service: String,
     backend: String,
@@ -60,6 +71,10 @@ pub(super) struct Metrics {
     last_reload: Gauge<f64, std::sync::atomic::AtomicU64>,
     last_reload_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     reload_apply: Histogram,
+    // The per-service probe metrics as they were before issue 27 (documented, so kept):
+    // `success` or `failure`, and the latency. The per-backend ones are lb::metrics::probes.
+    probes: Family<ProbeLabels, Counter>,
+    probe_latency: Family<ServiceLabel, Histogram>,
     agent_answers: Family<AgentLabels, Counter>,
 }
 
@@ -84,6 +99,11 @@ impl Metrics {
     /// A backend's probe record after its newest probe. Written into the published model in
     /// place: rebuilding the model for every probe result would cost a walk of every table.
     fn probe(&self, service: &str, backend: &str, record: &ProbeRecord) {
+        if let Some((outcome, took)) = record.last {
+            let outcome = if outcome == Outcome::Success { "success" } else { "failure" };
+            self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
+            self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(took.as_secs_f64());
+        }
         let Ok(mut m) = self.model.lock() else { return };
         let b = m.services.iter_mut().filter(|s| s.name == service).flat_map(|s| s.backends.iter_mut()).find(|b| b.identity == backend);
         // A backend not in the model yet is in the next one published, record and all.
@@ -137,6 +157,8 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
         last_reload: Gauge::default(),
         last_reload_seconds: Gauge::default(),
         reload_apply: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+        probes: Family::default(),
+        probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
         agent_answers: Family::default(),
     };
     let mut registry = Registry::default();
@@ -144,6 +166,8 @@ pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Me
     registry.register("lb_last_reload_timestamp_seconds", "When the last reload was applied (Unix time)", m.last_reload.clone());
     registry.register("lb_last_reload_duration_seconds", "How long applying the last reload took", m.last_reload_seconds.clone());
     registry.register("lb_reload_apply_seconds", "Time to apply a reload (tables built, planned, written)", m.reload_apply.clone());
+    registry.register("lb_health_probes", "Health probes by service and outcome", m.probes.clone());
+    registry.register("lb_health_probe_duration_seconds", "Health probe latency by service", m.probe_latency.clone());
     registry.register(
         "lb_agent_answers",
         "Load agents' answers by service, backend and outcome: ok, garbage (a line lb could not read), failed (no line), late (after the interval's weights were decided)",

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-/// What one probe found. [`Outcome::as_str`] is the `outcome` label of `lb_health_probes_total`:
+/// What one probe found. [`Outcome::as_str`] is the `outcome` label of `lb_backend_probes_total`:
 /// dashboards and alerts select on it, so the names never change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {

@@ -1,6 +1,6 @@
 //! The health probes' metrics, per checked backend, from the records the model carries
-//! (lb::health::ProbeRecord): `lb_health_probes_total{service,backend,outcome}` and the latency
-//! histogram `lb_health_probe_duration_seconds{service,backend}`; and the status page's words
+//! (lb::health::ProbeRecord): `lb_backend_probes_total{service,backend,outcome}` and the latency
+//! histogram `lb_backend_probe_duration_seconds{service,backend}`; and the status page's words
 //! for a backend's last probe.
 
 use std::fmt;
@@ -46,14 +46,14 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Res
     });
     family(
         encoder,
-        "lb_health_probes",
+        "lb_backend_probes",
         "Health probes of each checked backend by outcome: success, timeout, refused (nothing listens), bad_status (an HTTP status outside the expected range), error (anything else)",
         MetricType::Counter,
         counts,
     )?;
     family(
         encoder,
-        "lb_health_probe_duration_seconds",
+        "lb_backend_probe_duration_seconds",
         "How long each checked backend's health probes took, whatever their outcome",
         MetricType::Histogram,
         checked(model).map(|(l, p)| (l, Latency(p))),
@@ -91,42 +91,42 @@ mod tests {
         let t = text(&m, &snap(0, 0));
         let b1 = "service=\"web\",backend=\"b1\"";
         for line in [
-            format!("lb_health_probes_total{{{b1},outcome=\"success\"}} 3"),
-            format!("lb_health_probes_total{{{b1},outcome=\"refused\"}} 1"),
-            format!("lb_health_probes_total{{{b1},outcome=\"timeout\"}} 1"),
-            format!("lb_health_probes_total{{{b1},outcome=\"bad_status\"}} 0"),
-            format!("lb_health_probes_total{{{b1},outcome=\"error\"}} 0"),
-            format!("lb_health_probe_duration_seconds_count{{{b1}}} 5"),
+            format!("lb_backend_probes_total{{{b1},outcome=\"success\"}} 3"),
+            format!("lb_backend_probes_total{{{b1},outcome=\"refused\"}} 1"),
+            format!("lb_backend_probes_total{{{b1},outcome=\"timeout\"}} 1"),
+            format!("lb_backend_probes_total{{{b1},outcome=\"bad_status\"}} 0"),
+            format!("lb_backend_probes_total{{{b1},outcome=\"error\"}} 0"),
+            format!("lb_backend_probe_duration_seconds_count{{{b1}}} 5"),
             // Cumulative: 0.2 and 0.3 ms, then 0.8, then 2.0, then nothing until 300 ms.
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"0.0005\",{b1}}} 2"),
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"0.001\",{b1}}} 3"),
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"0.0025\",{b1}}} 4"),
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"0.25\",{b1}}} 4"),
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"0.5\",{b1}}} 5"),
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"5.0\",{b1}}} 5"),
-            format!("lb_health_probe_duration_seconds_bucket{{le=\"+Inf\",{b1}}} 5"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"0.0005\",{b1}}} 2"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"0.001\",{b1}}} 3"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"0.0025\",{b1}}} 4"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"0.25\",{b1}}} 4"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"0.5\",{b1}}} 5"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"5.0\",{b1}}} 5"),
+            format!("lb_backend_probe_duration_seconds_bucket{{le=\"+Inf\",{b1}}} 5"),
             // b2's one probe timed out: the other outcomes are there, at zero.
-            "lb_health_probes_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",outcome=\"timeout\"} 1".to_string(),
-            "lb_health_probes_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",outcome=\"refused\"} 0".to_string(),
-            "lb_health_probe_duration_seconds_count{service=\"web\",backend=\"<b2 & \\\"x\\\">\"} 1".to_string(),
+            "lb_backend_probes_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",outcome=\"timeout\"} 1".to_string(),
+            "lb_backend_probes_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",outcome=\"refused\"} 0".to_string(),
+            "lb_backend_probe_duration_seconds_count{service=\"web\",backend=\"<b2 & \\\"x\\\">\"} 1".to_string(),
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }
-        assert!(t.contains("# TYPE lb_health_probes counter"), "{t}");
-        assert!(t.contains("# TYPE lb_health_probe_duration_seconds histogram"), "{t}");
+        assert!(t.contains("# TYPE lb_backend_probes counter"), "{t}");
+        assert!(t.contains("# TYPE lb_backend_probe_duration_seconds histogram"), "{t}");
         let sum: f64 = t
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("lb_health_probe_duration_seconds_sum{{{b1}}} ")))
+            .find_map(|l| l.strip_prefix(&format!("lb_backend_probe_duration_seconds_sum{{{b1}}} ")))
             .and_then(|v| v.parse().ok())
             .expect("a sum for b1");
         assert!((sum - 0.3033).abs() < 1e-9, "{sum}");
-        let b1_buckets = t.lines().filter(|l| l.starts_with("lb_health_probe_duration_seconds_bucket{le=") && l.contains(&format!(",{b1}}}"))).count();
+        let b1_buckets = t.lines().filter(|l| l.starts_with("lb_backend_probe_duration_seconds_bucket{le=") && l.contains(&format!(",{b1}}}"))).count();
         assert_eq!(b1_buckets, 14, "13 bounds and +Inf");
 
         // A service without checks has none of them.
         m.services[0].backends.iter_mut().for_each(|b| b.probes = None);
         let t = text(&m, &snap(0, 0));
-        assert!(!t.lines().any(|l| l.starts_with("lb_health_probe")), "{t}");
+        assert!(!t.lines().any(|l| l.starts_with("lb_backend_probe")), "{t}");
     }
 
     #[test]
