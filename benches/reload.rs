@@ -120,6 +120,8 @@ fn scrape(text: &str, runs: usize) -> anyhow::Result<()> {
                     slots: 65,
                     healthy: true,
                     health: "healthy".into(),
+                    // Checked, as a production pool is: its probe series are in the scrape.
+                    probes: Some(lb::health::ProbeRecord::default()),
                     state: "active".into(),
                     mac_known: true,
                 })

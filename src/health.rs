@@ -13,6 +13,9 @@ use std::collections::HashMap;
 
 use crate::config::{Pool, Service};
 
+mod probes;
+pub use probes::{Outcome, ProbeRecord, LATENCY_BUCKETS};
+
 /// One backend's health, as rise/fall see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
@@ -22,11 +25,14 @@ pub struct Health {
     streak: u32,
     /// Why the last probe failed, if it did.
     pub last_error: Option<String>,
+    /// Every probe's outcome and latency, for the metrics and the status page; rise and fall
+    /// never read it.
+    pub probes: ProbeRecord,
 }
 
 impl Default for Health {
     fn default() -> Health {
-        Health { healthy: true, streak: 0, last_error: None }
+        Health { healthy: true, streak: 0, last_error: None, probes: ProbeRecord::default() }
     }
 }
 
@@ -223,9 +229,13 @@ mod tests {
         down(&mut map, "web", "b1");
         down(&mut map, "web", "b2");
         down(&mut map, "raw", "b1");
+        for h in map.values_mut() {
+            h.probes.add(Outcome::Refused, std::time::Duration::from_millis(1));
+        }
         let next = parse_str("p.yaml", &POOL.replace("{address: 10.0.0.3, name: b2}, ", "")).expect("valid");
         retain(&mut map, &next);
         assert!(map.get(&("web".into(), "b1".into())).is_some_and(|h| !h.healthy), "b1 stays down");
+        assert!(map.get(&("web".into(), "b1".into())).is_some_and(|h| h.probes.count(Outcome::Refused) == 1), "and keeps its probe counts");
         assert!(!map.contains_key(&("web".into(), "b2".into())), "b2 left the pool");
         assert!(!map.contains_key(&("raw".into(), "b1".into())), "raw has no checks");
     }

@@ -10,7 +10,10 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+use crate::health::ProbeRecord;
 use crate::stats::Snapshot;
+
+mod probes;
 
 /// What is configured and served, as the serve loop last published it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,6 +66,8 @@ pub struct BackendModel {
     pub healthy: bool,
     /// `healthy`, `down (timeout)`, or `not checked`.
     pub health: String,
+    /// Its health probes (None when its service has no health check).
+    pub probes: Option<ProbeRecord>,
     /// `active` or `drain`.
     pub state: String,
     pub mac_known: bool,
@@ -210,6 +215,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     family(encoder, "lb_backend_healthy", "1 when the backend passes its health checks (or is not checked)", MetricType::Gauge, gauges(per_backend(&|_, b| b.healthy as u64)))?;
     family(encoder, "lb_backend_draining", "1 when the backend's state is drain", MetricType::Gauge, gauges(per_backend(&|_, b| (b.state == "drain") as u64)))?;
     family(encoder, "lb_backend_mac_resolved", "1 when the MAC frames to the backend go to is resolved", MetricType::Gauge, gauges(per_backend(&|_, b| b.mac_known as u64)))?;
+    probes::encode(encoder, model)?;
     let services = model.services.iter().map(|s| {
         let mut l = s.labels();
         l.extend([("port", s.port.to_string()), ("protocol", s.protocol.clone()), ("algorithm", s.algorithm.clone()), ("hash", s.hash.clone()), ("forward", s.forward.clone())]);
@@ -260,8 +266,8 @@ pub fn rates(before: &Snapshot, after: &Snapshot, seconds: f64) -> Vec<(String, 
     out
 }
 
-/// The status page: every service and its backends (health, state, weight, the table share as a
-/// bar next to the observed traffic share over the last interval, packets per second), and the
+/// The status page: every service and its backends (health, the last probe's outcome and
+/// latency, state, weight, the table share as a bar next to the observed traffic share over the last interval, packets per second), and the
 /// drop reasons. One page, no external assets, refreshed every 3 s; every value from the config
 /// is escaped.
 pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64)], interval: f64) -> String {
@@ -305,14 +311,14 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
             s.slots,
             total_pps
         ));
-        h.push_str("<div class=\"wrap\"><table><tr><th>backend</th><th>address</th><th>health</th><th>state</th><th>weight</th><th>shares</th><th>pkt/s</th></tr>");
+        h.push_str("<div class=\"wrap\"><table><tr><th>backend</th><th>address</th><th>health</th><th>last probe</th><th>state</th><th>weight</th><th>shares</th><th>pkt/s</th></tr>");
         for b in &s.backends {
             let pps = rates.iter().find(|r| r.0 == s.name && r.1 == b.identity).map_or(0.0, |r| r.2);
             let table_share = if s.slots > 0 { b.slots as f64 / s.slots as f64 * 100.0 } else { 0.0 };
             let traffic_share = if total_pps > 0.0 { pps / total_pps * 100.0 } else { 0.0 };
             let health_class = if b.healthy { "up" } else { "down" };
             h.push_str(&format!(
-                "<tr class=\"backend\" data-backend=\"{}\" data-health=\"{}\"><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"{}\">{}</td><td class=\"weight\">{} ({} served{})</td>\
+                "<tr class=\"backend\" data-backend=\"{}\" data-health=\"{}\"><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"probe\">{}</td><td class=\"{}\">{}</td><td class=\"weight\">{} ({} served{})</td>\
                  <td class=\"bars\"><div class=\"bar table\" style=\"width:{:.1}%\" title=\"table {:.1}%\"></div><div class=\"bar traffic\" style=\"width:{:.1}%\" title=\"traffic {:.1}%\"></div>{:.1}% / {:.1}%</td><td>{:.0}</td></tr>",
                 e(&b.identity),
                 if b.healthy { "up" } else { "down" },
@@ -320,6 +326,7 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
                 e(&b.address),
                 health_class,
                 e(&b.health),
+                e(&probes::last_probe(b)),
                 if b.state == "drain" { "drain" } else { "" },
                 e(&b.state),
                 b.weight,
@@ -350,7 +357,7 @@ mod tests {
     use super::*;
     use crate::stats::{BackendCounters, ServiceCounters, Traffic};
 
-    fn model() -> Model {
+    pub(super) fn model() -> Model {
         Model {
             version: "0.1.0".into(),
             commit: "0123456789ab".into(),
@@ -381,6 +388,7 @@ mod tests {
                         slots: 60,
                         healthy: true,
                         health: "healthy".into(),
+                        probes: Some(ProbeRecord::default()),
                         state: "active".into(),
                         mac_known: true,
                     },
@@ -395,6 +403,7 @@ mod tests {
                         slots: 40,
                         healthy: false,
                         health: "down (timeout)".into(),
+                        probes: Some(timed_out()),
                         state: "drain".into(),
                         mac_known: false,
                     },
@@ -403,7 +412,14 @@ mod tests {
         }
     }
 
-    fn snap(p1: u64, p2: u64) -> Snapshot {
+    /// A record whose one probe timed out after 250 ms.
+    fn timed_out() -> ProbeRecord {
+        let mut p = ProbeRecord::default();
+        p.add(crate::health::Outcome::Timeout, std::time::Duration::from_millis(250));
+        p
+    }
+
+    pub(super) fn snap(p1: u64, p2: u64) -> Snapshot {
         let be = |label: &str, addr: &str, packets: u64| BackendCounters {
             label: label.into(),
             address: addr.parse().expect("address"),
@@ -431,7 +447,7 @@ mod tests {
         }
     }
 
-    fn text(m: &Model, s: &Snapshot) -> String {
+    pub(super) fn text(m: &Model, s: &Snapshot) -> String {
         #[derive(Debug)]
         struct C(Model, Snapshot);
         impl prometheus_client::collector::Collector for C {
@@ -490,6 +506,9 @@ mod tests {
         assert!(page.contains("data-backend=\"&lt;b2 &amp; &quot;x&quot;&gt;\" data-health=\"down\""));
         assert!(!page.contains("<b2"), "unescaped name in the page");
         assert!(page.contains("60.0% / 75.0%"), "table 60%, traffic 30 of 40 packets");
+        assert!(page.contains("<th>last probe</th>"), "{page}");
+        assert!(page.contains("<td class=\"probe\">not yet</td>"), "b1 is checked, not probed yet: {page}");
+        assert!(page.contains("<td class=\"probe\">timeout, 250.0 ms</td>"), "b2's one probe: {page}");
         assert!(page.contains("http-equiv=\"refresh\""));
     }
 }

@@ -52,7 +52,7 @@ impl Outcome {
 pub(super) struct Agents {
     loads: Loads,
     /// Each answer with the Unix milliseconds it was read at.
-    prober: Prober<(String, u64)>,
+    prober: Prober<Result<(String, u64), String>>,
     /// Per service with an agent, the newest epoch its agents were asked in.
     asked_epoch: HashMap<String, u64>,
     /// Per backend, the epoch of the question in flight.

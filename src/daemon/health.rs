@@ -7,16 +7,16 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
 use lb::config::Pool;
-use lb::health::{self, HealthMap, Transition};
+use lb::health::{self, HealthMap, Outcome, ProbeRecord, Transition};
 use lb::stats::Snapshot;
 
 use super::describe::{backend_label, label_of};
-use super::probe::{probe, Key, Prober};
+use super::probe::{probe, Failure, Key, Prober};
 use crate::log::log;
 
 /// Health probes running at once, at most.
@@ -24,7 +24,7 @@ const PROBE_WORKERS: usize = 16;
 
 pub(super) struct Health {
     map: HealthMap,
-    prober: Prober<()>,
+    prober: Prober<Result<(), Failure>>,
     /// When each checked backend is probed next.
     next_probe: HashMap<Key, Instant>,
     /// The earliest of those (None: nothing is checked); recomputed after every reload.
@@ -91,16 +91,24 @@ impl Health {
         next
     }
 
-    /// Takes the probe results that arrived (each also told to `seen`: service, success, how
-    /// long it took); true when a backend changed state, so that the pool is installed again.
-    pub(super) fn results(&mut self, pool: &Pool, mut seen: impl FnMut(&str, bool, Duration)) -> bool {
+    /// Takes the probe results that arrived (each backend's probe record, once a result is
+    /// added to it, also goes to `seen`); true when a backend changed state, so that the pool
+    /// is installed again.
+    pub(super) fn results(&mut self, pool: &Pool, mut seen: impl FnMut(&Key, &ProbeRecord)) -> bool {
         let mut changed = false;
         for (key, result, took) in self.prober.drain() {
-            seen(&key.0, result.is_ok(), took);
-            let Some(check) = pool.service(&key.0).and_then(|s| s.health_check.clone()) else { continue };
+            let Some(s) = pool.service(&key.0) else { continue };
+            let Some(check) = &s.health_check else { continue };
+            // A backend a reload took out while its probe ran: an entry made for it now would
+            // outlive the reload that forgot it.
+            if !s.backends.iter().any(|b| b.identity() == key.1) {
+                continue;
+            }
             let h = self.map.entry(key.clone()).or_default();
+            h.probes.add(result.as_ref().map_or_else(|f| f.outcome, |()| Outcome::Success), took);
+            seen(&key, &h.probes);
             let label = label_of(pool, &key.0, &key.1);
-            match h.record(result, check.rise, check.fall) {
+            match h.record(result.map_err(String::from), check.rise, check.fall) {
                 Some(Transition::Down { failures, reason }) => {
                     log(format!(
                         "health: {} backend {label} is down after {failures} failed probes ({reason}); its slots go to the others",

@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 
 use lb::config::{BackendState, Pool, WEIGHT_STEPS};
 use lb::load::{Adjustment, Key};
-use lb::health::HealthMap;
+use lb::health::{HealthMap, Outcome, ProbeRecord};
 use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
 use lb::stats::Snapshot;
 
@@ -52,15 +52,15 @@ struct ProbeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AgentLabels {
     service: String,
     backend: String,
     outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServiceLabel {
-    service: String,
 }
 
 /// The serve loop's handle: what it reports as it goes.
@@ -71,6 +71,8 @@ pub(super) struct Metrics {
     last_reload: Gauge<f64, std::sync::atomic::AtomicU64>,
     last_reload_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     reload_apply: Histogram,
+    // The per-service probe metrics as they were before issue 27 (documented, so kept):
+    // `success` or `failure`, and the latency. The per-backend ones are lb::metrics::probes.
     probes: Family<ProbeLabels, Counter>,
     probe_latency: Family<ServiceLabel, Histogram>,
     agent_answers: Family<AgentLabels, Counter>,
@@ -94,10 +96,20 @@ impl Metrics {
         }
     }
 
-    fn probe(&self, service: &str, ok: bool, latency: Duration) {
-        let outcome = if ok { "success" } else { "failure" };
-        self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
-        self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(latency.as_secs_f64());
+    /// A backend's probe record after its newest probe. Written into the published model in
+    /// place: rebuilding the model for every probe result would cost a walk of every table.
+    fn probe(&self, service: &str, backend: &str, record: &ProbeRecord) {
+        if let Some((outcome, took)) = record.last {
+            let outcome = if outcome == Outcome::Success { "success" } else { "failure" };
+            self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
+            self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(took.as_secs_f64());
+        }
+        let Ok(mut m) = self.model.lock() else { return };
+        let b = m.services.iter_mut().filter(|s| s.name == service).flat_map(|s| s.backends.iter_mut()).find(|b| b.identity == backend);
+        // A backend not in the model yet is in the next one published, record and all.
+        if let Some(b) = b.filter(|b| b.probes.is_some()) {
+            b.probes = Some(record.clone());
+        }
     }
 
     fn agent(&self, service: &str, backend: &str, outcome: &str) {
@@ -264,9 +276,10 @@ impl Publisher {
         }
     }
 
-    pub(super) fn probe(&self, service: &str, ok: bool, latency: Duration) {
+    /// A backend's probe record after its newest probe.
+    pub(super) fn probe(&self, service: &str, backend: &str, record: &ProbeRecord) {
         if let Some(m) = &self.metrics {
-            m.probe(service, ok, latency);
+            m.probe(service, backend, record);
         }
     }
 
@@ -313,6 +326,7 @@ impl Publisher {
                         slots: owned.get(&b.id).copied().unwrap_or(0),
                         healthy,
                         health: if !checked { "not checked".to_string() } else { h.map_or("healthy".to_string(), |h| h.describe()) },
+                        probes: checked.then(|| h.map(|h| h.probes.clone()).unwrap_or_default()),
                         state: configured.map_or("active", |c| c.state.as_str()).to_string(),
                         mac_known: dp.mac(dp.neighbour_of(b.address)).is_some(),
                     }

@@ -2,6 +2,10 @@
 //! connect, or an HTTP/1.0 GET; agents' load reports in agents.rs) with a timeout each, so the
 //! serve loop never waits on a backend. Results come back on a channel, and a byte on a pipe
 //! wakes the loop's poll.
+//!
+//! A failed step says why twice over ([`Failure`]): as an [`Outcome`] class for the metrics,
+//! and in words for the log. The class comes from the error itself (its `io::ErrorKind`, or the
+//! step that failed), never from reading the words back.
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -15,17 +19,19 @@ use anyhow::{Context, Result};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 use lb::config::{CheckKind, HealthCheck};
+use lb::health::Outcome;
 
 /// (service name, backend identity)
 pub(super) type Key = (String, String);
 
 /// One probe to run: the backend it is for, and the work.
-type Job<T> = (Key, Box<dyn FnOnce() -> Result<T, String> + Send>);
+type Job<T> = (Key, Box<dyn FnOnce() -> T + Send>);
 
-/// Runs probes whose results are `T` (a health check's is `()`, an agent's its line).
+/// Runs probes whose results are `T` (a health check's is `Result<(), Failure>`, an agent's its
+/// line or why there is none).
 pub(super) struct Prober<T> {
     jobs: Sender<Job<T>>,
-    results: Receiver<(Key, Result<T, String>, Duration)>,
+    results: Receiver<(Key, T, Duration)>,
     wake_read: OwnedFd,
     in_flight: HashSet<Key>,
 }
@@ -67,7 +73,7 @@ impl<T: Send + 'static> Prober<T> {
     }
 
     /// Queues a probe unless one for the same backend is still running; says whether it did.
-    pub(super) fn submit(&mut self, key: Key, work: impl FnOnce() -> Result<T, String> + Send + 'static) -> bool {
+    pub(super) fn submit(&mut self, key: Key, work: impl FnOnce() -> T + Send + 'static) -> bool {
         if !self.in_flight.insert(key.clone()) {
             return false;
         }
@@ -76,7 +82,7 @@ impl<T: Send + 'static> Prober<T> {
     }
 
     /// Every result that arrived, with how long its probe took.
-    pub(super) fn drain(&mut self) -> Vec<(Key, Result<T, String>, Duration)> {
+    pub(super) fn drain(&mut self) -> Vec<(Key, T, Duration)> {
         let mut buf = [0u8; 256];
         while matches!(nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&self.wake_read), &mut buf), Ok(n) if n > 0) {}
         let out: Vec<_> = self.results.try_iter().collect();
@@ -87,17 +93,38 @@ impl<T: Send + 'static> Prober<T> {
     }
 }
 
+/// Why a probe failed: its class, for the metrics, and what happened in words, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Failure {
+    pub(super) outcome: Outcome,
+    pub(super) reason: String,
+}
+
+impl Failure {
+    fn new(outcome: Outcome, reason: impl Into<String>) -> Failure {
+        Failure { outcome, reason: reason.into() }
+    }
+}
+
+/// Where only the words matter (an agent's answer has outcomes of its own).
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.reason
+    }
+}
+
 /// An I/O error as a probe's result says it: `connection refused`, `timeout`, ...
-pub(super) fn describe(e: std::io::Error) -> String {
+fn describe(e: std::io::Error) -> Failure {
     match e.kind() {
-        std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => "timeout".to_string(),
-        _ => e.to_string().split(" (os error").next().unwrap_or_default().to_lowercase(),
+        std::io::ErrorKind::ConnectionRefused => Failure::new(Outcome::Refused, "connection refused"),
+        // A socket timeout shows as WouldBlock on Linux.
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => Failure::new(Outcome::Timeout, "timeout"),
+        _ => Failure::new(Outcome::Error, e.to_string().split(" (os error").next().unwrap_or_default().to_lowercase()),
     }
 }
 
 /// A connection to `addr` within `timeout`, and a deadline for everything after.
-pub(super) fn connect(addr: SocketAddr, timeout: Duration) -> Result<(TcpStream, Instant), String> {
+pub(super) fn connect(addr: SocketAddr, timeout: Duration) -> Result<(TcpStream, Instant), Failure> {
     let deadline = Instant::now() + timeout;
     Ok((TcpStream::connect_timeout(&addr, timeout).map_err(describe)?, deadline))
 }
@@ -107,7 +134,7 @@ fn left(deadline: Instant) -> Duration {
 }
 
 /// Sends an HTTP/1.0 GET of `path` as `agent` (the User-Agent).
-pub(super) fn send_get(stream: &mut TcpStream, addr: SocketAddr, path: &str, agent: &str, deadline: Instant) -> Result<(), String> {
+pub(super) fn send_get(stream: &mut TcpStream, addr: SocketAddr, path: &str, agent: &str, deadline: Instant) -> Result<(), Failure> {
     stream.set_write_timeout(Some(left(deadline))).map_err(describe)?;
     let host = match addr {
         SocketAddr::V4(a) => a.ip().to_string(),
@@ -119,12 +146,12 @@ pub(super) fn send_get(stream: &mut TcpStream, addr: SocketAddr, path: &str, age
 
 /// Reads until `enough` says the bytes suffice, the peer closes, or `limit` bytes; a peer that
 /// trickles bytes past the deadline times out all the same.
-pub(super) fn read_until(stream: &mut TcpStream, deadline: Instant, limit: usize, enough: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>, String> {
+pub(super) fn read_until(stream: &mut TcpStream, deadline: Instant, limit: usize, enough: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>, Failure> {
     let mut got = Vec::new();
     let mut chunk = [0u8; 512];
     while !enough(&got) && got.len() < limit {
         if Instant::now() >= deadline {
-            return Err("timeout".to_string());
+            return Err(Failure::new(Outcome::Timeout, "timeout"));
         }
         stream.set_read_timeout(Some(left(deadline))).map_err(describe)?;
         match stream.read(&mut chunk) {
@@ -137,17 +164,17 @@ pub(super) fn read_until(stream: &mut TcpStream, deadline: Instant, limit: usize
 }
 
 /// The status code of an HTTP answer's status line.
-pub(super) fn status_code(head: &[u8]) -> Result<u16, String> {
+pub(super) fn status_code(head: &[u8]) -> Result<u16, Failure> {
     let line = String::from_utf8_lossy(head);
     line.split_whitespace()
         .nth(1)
         .filter(|_| line.starts_with("HTTP/"))
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| "no HTTP status line in the answer".to_string())
+        .ok_or_else(|| Failure::new(Outcome::Error, "no HTTP status line in the answer"))
 }
 
 /// One probe, bounded by the check's timeout in all.
-pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String> {
+pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), Failure> {
     let (mut stream, deadline) = connect(addr, check.timeout)?;
     if check.kind == CheckKind::Tcp {
         return Ok(());
@@ -159,7 +186,7 @@ pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), String>
     if (check.expect.0..=check.expect.1).contains(&code) {
         Ok(())
     } else {
-        Err(format!("HTTP {code}"))
+        Err(Failure::new(Outcome::BadStatus, format!("HTTP {code}")))
     }
 }
 
@@ -196,13 +223,32 @@ mod tests {
         (addr, h)
     }
 
+    fn failed(outcome: Outcome, reason: &str) -> Result<(), Failure> {
+        Err(Failure::new(outcome, reason))
+    }
+
+    /// A one-shot server on loopback that accepts and hands the connection to `then`.
+    fn serve_once(then: impl FnOnce(TcpStream) + Send + 'static) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            if let Ok((s, _)) = l.accept() {
+                then(s);
+            }
+        });
+        addr
+    }
+
     #[test]
     fn tcp_probes_tell_open_from_refused() {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let open = l.local_addr().expect("addr");
         assert_eq!(probe(open, &check(CheckKind::Tcp, (200, 399))), Ok(()));
         drop(l);
-        assert_eq!(probe(open, &check(CheckKind::Tcp, (200, 399))), Err("connection refused".into()));
+        let refused = probe(open, &check(CheckKind::Tcp, (200, 399)));
+        assert_eq!(refused, failed(Outcome::Refused, "connection refused"));
+        assert_eq!(refused.map_err(String::from), Err("connection refused".to_string()), "the log's words are the same as before");
+        assert_eq!(probe(open, &check(CheckKind::Http, (200, 399))), failed(Outcome::Refused, "connection refused"));
     }
 
     #[test]
@@ -212,9 +258,11 @@ mod tests {
         let request = h.join().expect("server");
         assert!(request.starts_with("GET /healthz HTTP/1.0\r\n"), "{request}");
         let (addr, _) = http_once("503 Service Unavailable");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), Err("HTTP 503".into()));
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::BadStatus, "HTTP 503"));
+        let (addr, _) = http_once("500 Internal Server Error");
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::BadStatus, "HTTP 500"));
         let (addr, _) = http_once("302 Found");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 299))), Err("HTTP 302".into()));
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 299))), failed(Outcome::BadStatus, "HTTP 302"));
         let (addr, _) = http_once("503 Service Unavailable");
         assert_eq!(probe(addr, &check(CheckKind::Http, (500, 503))), Ok(()), "the range is the operator's");
     }
@@ -225,9 +273,51 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         // Accepts (the kernel does, from the backlog) but never answers.
         let started = Instant::now();
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), Err("timeout".into()));
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Timeout, "timeout"));
         assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
         drop(l);
+    }
+
+    #[test]
+    fn a_server_that_trickles_times_out_at_the_deadline() {
+        // A byte every 100 ms, never a line: each read succeeds, the deadline ends it.
+        let addr = serve_once(|mut s| {
+            for _ in 0..20 {
+                if s.write_all(b"H").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let started = Instant::now();
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Timeout, "timeout"));
+        assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn anything_else_is_an_error() {
+        // An answer that is not HTTP.
+        let addr = serve_once(|mut s| {
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2\r\n");
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Error, "no HTTP status line in the answer"));
+        // Closed before a word (after reading the request: unread bytes would make it a reset).
+        let addr = serve_once(|mut s| {
+            let _ = s.read(&mut [0u8; 1024]);
+        });
+        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Error, "no HTTP status line in the answer"));
+        // Reset after the connection was made: a close with a zero linger sends RST.
+        let addr = serve_once(|s| {
+            let off = libc::linger { l_onoff: 1, l_linger: 0 };
+            nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Linger, &off).expect("SO_LINGER");
+            // Once the request is in, so that the reset answers the read, not the write.
+            std::thread::sleep(Duration::from_millis(50));
+        });
+        let r = probe(addr, &check(CheckKind::Http, (200, 399)));
+        assert_eq!(r.as_ref().map_err(|f| f.outcome), Err(Outcome::Error), "{r:?}");
+        // "connection reset by peer", or "broken pipe" on a machine slow enough to send late.
+        assert!(r.as_ref().is_err_and(|f| f.reason.contains("reset") || f.reason.contains("broken pipe")), "{r:?}");
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl Daemon<'_> {
     /// Takes the probe results that arrived, and installs the pool again if a backend changed.
     pub(super) fn on_probe_results(&mut self) -> Result<()> {
         let metrics = &self.metrics;
-        if self.health.results(&self.configured, |service, ok, took| metrics.probe(service, ok, took)) {
+        if self.health.results(&self.configured, |(service, backend), record| metrics.probe(service, backend, record)) {
             for key in self.health.take_recovered() {
                 self.agents.recovered(&self.configured, &key);
             }
