@@ -148,6 +148,8 @@ fn every_panel_reads_the_data_source_variable_and_only_defined_variables() {
         }
     }
     for (title, expr) in queries(&d) {
+        // `${name}` and `$name` name the same variable.
+        let expr = expr.replace("${", "$");
         for var in words(&expr, "$") {
             let name = var.trim_start_matches('$');
             assert!(defined.contains(name), "{title}: {expr} uses ${name}, which is not defined");
