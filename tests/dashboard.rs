@@ -111,8 +111,8 @@ fn every_metric_the_dashboard_queries_is_documented() {
         "lb_flow_table_lookups_total",
         "lb_reloads_total",
         "lb_backend_healthy",
-        "lb_health_probes_total",
-        "lb_health_probe_duration_seconds_bucket",
+        "lb_backend_probes_total",
+        "lb_backend_probe_duration_seconds_bucket",
         "lb_build_info",
     ] {
         assert!(used.contains(name), "no panel queries {name}");
