@@ -28,7 +28,7 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
 
 # The shared helpers first, then a file per feature.
-for part in lib basic reload lifecycle health conntrack encap pin metrics fleet second_chance load quic package; do
+for part in lib basic reload lifecycle health conntrack encap pin metrics dashboard fleet second_chance load quic package; do
     # shellcheck source=/dev/null # each is checked on its own
     source "scripts/e2e/$part.sh"
 done
@@ -73,6 +73,7 @@ TESTS=(
     "test_pin_restart_kill_and_upgrade_lose_no_connection native"
     "test_pin_restart_kill_and_upgrade_lose_no_connection generic"
     "test_metrics_prometheus_and_the_status_page native"
+    "test_dashboard_every_panel_query_returns_data native"
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection native"
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection generic"
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection native ipip"
