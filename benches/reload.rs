@@ -92,6 +92,8 @@ fn scrape(text: &str, runs: usize) -> anyhow::Result<()> {
     let s = &pool.services[0];
     let model = Model {
         version: "bench".into(),
+        commit: "bench".into(),
+        bpf_layout: "bench".into(),
         interface: "eth0".into(),
         xdp_mode: "native".into(),
         program_id: 1,
