@@ -113,18 +113,7 @@ test_dashboard_every_panel_query_returns_data() { # MODE
 EOF
     start_lb "$1" --metrics 127.0.0.1:9100 --resolve-timeout 0.3
 
-    mkdir -p "$WORK/prom"
-    cat >"$WORK/prometheus.yml" <<EOF
-global: {scrape_interval: 1s, evaluation_interval: 1s}
-scrape_configs:
-  - job_name: lb
-    static_configs: [{targets: ['127.0.0.1:9100']}]
-EOF
-    ip netns exec "$PREFIX-lb" prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prom" \
-        --web.listen-address=127.0.0.1:9090 >"$WORK/prom.log" 2>&1 &
-    echo $! >>"/tmp/$PREFIX.pids"
-    wait_until 100 0.1 prom_ready || { tail -5 "$WORK/prom.log" >&2; fail "prometheus did not start"; }
-    wait_until 150 0.1 prom_scraped_lb || fail "prometheus never scraped lb"
+    prometheus_up
 
     # Counters that move while Prometheus watches: TCP to web, UDP to dns, and to ghost (dropped).
     probe "$WORK/tcp" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --count 40 || fail "TCP to web"

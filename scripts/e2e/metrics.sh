@@ -28,6 +28,24 @@ prom_value() { prom_query "$1" | awk '{print $2}'; }
 prom_ready() { ip netns exec "$PREFIX-lb" curl -sf http://127.0.0.1:9090/-/ready >/dev/null 2>&1; }
 prom_scraped_lb() { [ "$(prom_value 'up{job="lb"}')" = 1 ]; }
 
+# A real Prometheus in the lb namespace, scraping lb's --metrics 127.0.0.1:9100 every second;
+# returns once it has scraped lb. Its pid joins the test's (stopped with the topology).
+prometheus_up() {
+    mkdir -p "$WORK/prom"
+    cat >"$WORK/prometheus.yml" <<EOF
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+  - job_name: lb
+    static_configs: [{targets: ['127.0.0.1:9100']}]
+EOF
+    ip netns exec "$PREFIX-lb" prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prom" \
+        --web.listen-address=127.0.0.1:9090 >"$WORK/prom.log" 2>&1 &
+    echo $! >>"/tmp/$PREFIX.pids"
+    wait_until 100 0.1 prom_ready || { tail -5 "$WORK/prom.log" >&2; fail "prometheus did not start"; }
+    # Its first scrape comes a few seconds after it is ready (target discovery is batched).
+    wait_until 150 0.1 prom_scraped_lb || fail "prometheus never scraped lb"
+}
+
 test_metrics_prometheus_and_the_status_page() { # MODE
     setup "$1"
     command -v prometheus >/dev/null && command -v promtool >/dev/null || fail "prometheus is not installed (scripts/setup.sh installs it)"
@@ -52,19 +70,7 @@ EOF
     say "promtool check metrics: exit $rc ($(grep -c . "$WORK/scrape.txt") lines scraped)"
 
     # A real Prometheus scraping lb every second.
-    mkdir -p "$WORK/prom"
-    cat >"$WORK/prometheus.yml" <<EOF
-global: {scrape_interval: 1s, evaluation_interval: 1s}
-scrape_configs:
-  - job_name: lb
-    static_configs: [{targets: ['127.0.0.1:9100']}]
-EOF
-    ip netns exec "$PREFIX-lb" prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/prom" \
-        --web.listen-address=127.0.0.1:9090 >"$WORK/prom.log" 2>&1 &
-    echo $! >>"/tmp/$PREFIX.pids"
-    wait_until 100 0.1 prom_ready || { tail -5 "$WORK/prom.log" >&2; fail "prometheus did not start"; }
-    # Its first scrape comes a few seconds after it is ready (target discovery is batched).
-    wait_until 150 0.1 prom_scraped_lb || fail "prometheus never scraped lb"
+    prometheus_up
 
     # 1500 UDP queries (one packet each to lb), spread over about 5 s.
     local r
