@@ -141,17 +141,23 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     say "lb.service under systemd (PID 1 of the root): user lb (uid $uid), capabilities $want_caps (net_admin, perfmon, bpf) only"
 
     # systemctl restart under traffic: the pinned data plane forwards while lb is away.
-    hold_open "$TOPO_CLIENTS4" 100 8
+    hold_open "$TOPO_CLIENTS4" 100 14
     churn_start
     sleep 1
     in_box systemctl restart lb || fail "systemctl restart"
     wait_until 300 0.05 unit_is active || fail "lb.service did not come back"
     wait_until 300 0.05 sh -c "nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -q 'adopted the data plane'" \
         || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "the restarted lb did not adopt the pinned data plane"; }
+    # A SIGTERM from outside systemd (systemctl kill): no stop was asked for, so the plane stays
+    # and Restart= brings lb back to adopt it.
+    in_box systemctl kill --signal=SIGTERM lb || fail "systemctl kill"
+    wait_until 300 0.05 sh -c "[ \$(nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -c 'adopted the data plane') -ge 2 ]" \
+        || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "after systemctl kill, no lb adopted the pinned data plane"; }
+    ! in_box journalctl -u lb --no-pager | grep -q "stop-post.*detached" || fail "systemctl kill detached the data plane"
     sleep 1
-    churn_stop || fail "new connections failed across the restart: $CHURN_SUMMARY"
-    hold_wait "a held connection broke across systemctl restart"
-    say "systemctl restart under traffic: held $(hold_summary); $CHURN_SUMMARY"
+    churn_stop || fail "new connections failed across the restart and the kill: $CHURN_SUMMARY"
+    hold_wait "a held connection broke across systemctl restart or kill"
+    say "systemctl restart, then systemctl kill (SIGTERM) and Restart=, under traffic: held $(hold_summary); $CHURN_SUMMARY"
 
     # systemctl stop: nothing attached, no pins left.
     in_box systemctl stop lb || fail "systemctl stop"
