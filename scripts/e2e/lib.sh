@@ -95,7 +95,7 @@ begin_test() { # STEM TEARDOWN
     PREFIX="$1$$${RANDOM}"
     WORK=$(mktemp -d /tmp/lb-e2e.XXXXXX)
     # shellcheck disable=SC2064 # the handler's name is fixed now, on purpose
-    trap "$2" EXIT
+    trap "background_down; $2" EXIT
     trap 'exit 124' TERM INT
 }
 
@@ -106,7 +106,27 @@ setup() { # MODE [BACKENDS]
     write_pool "$WORK/pool.yaml"
 }
 
+# Stops what churn_start and hold_open left running when a test fails before churn_stop or
+# hold_wait: the churn loop waits for $WORK/stop, which the teardown removes with $WORK, so it
+# would spin on for good. Called on every test's exit (begin_test, teardown).
+background_down() {
+    # Each step may fail (the loop may be gone already), and the tests run under set -e.
+    if [ -n "${CHURN:-}" ]; then
+        touch "$WORK/stop" 2>/dev/null || true
+        kill "$CHURN" 2>/dev/null || true
+        wait "$CHURN" 2>/dev/null || true
+        CHURN=
+    fi
+    if [ -n "${HOLD:-}" ]; then
+        kill "$HOLD" 2>/dev/null || true
+        wait "$HOLD" 2>/dev/null || true
+        HOLD=
+    fi
+    return 0
+}
+
 teardown() {
+    background_down
     [ -n "${LBPID:-}" ] && kill "$LBPID" 2>/dev/null && wait "$LBPID" 2>/dev/null
     topo_down "$PREFIX"
     [ "$V" = 1 ] && [ -f "$WORK/lb.log" ] && sed 's/^/    | /' "$WORK/lb.log"
@@ -233,7 +253,10 @@ hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
 }
 
 hold_wait() { # MESSAGE: fails with it if a held connection broke
-    wait "$HOLD" || { cat "$WORK/hold.log" >&2; fail "$1"; }
+    local rc=0
+    wait "$HOLD" || rc=$?
+    HOLD=
+    [ "$rc" -eq 0 ] || { cat "$WORK/hold.log" >&2; fail "$1"; }
 }
 
 hold_summary() { tail -1 "$WORK/hold.log" | sed 's/^hold: //'; }
@@ -264,6 +287,7 @@ churn_start() { # [SOURCES]
 churn_stop() { # sets CHURN_SUMMARY to "N new connections, F failed"; fails if any failed
     touch "$WORK/stop"
     wait "$CHURN" || true
+    CHURN=
     local rounds failed
     rounds=$(cat "$WORK/churn.rounds" 2>/dev/null || echo 0)
     failed=$(grep -c . "$WORK/churn.failed" || true)
