@@ -17,10 +17,11 @@ LINTIAN_KNOWN="bogus-mail-host bogus-mail-host-in-debian-changelog"
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 package_teardown() {
+    # Every step may fail (the container may be gone), and the tests run under set -e.
     if [ -n "${NSPAWN:-}" ]; then
-        [ -n "${LEADER:-}" ] && kill -s SIGRTMIN+4 "$LEADER" 2>/dev/null
-        wait_until 100 0.1 nspawn_gone || kill -9 "$NSPAWN" 2>/dev/null
-        wait "$NSPAWN" 2>/dev/null
+        if [ -n "${LEADER:-}" ]; then kill -s SIGRTMIN+4 "$LEADER" 2>/dev/null || true; fi
+        wait_until 100 0.1 nspawn_gone || kill -9 "$NSPAWN" 2>/dev/null || true
+        wait "$NSPAWN" 2>/dev/null || true
     fi
     if [ -n "${PINS:-}" ]; then
         ip netns exec "$PREFIX-lb" "$LB" detach eth0 --pin-dir "$PINS/lb" >/dev/null 2>&1 || true
