@@ -267,8 +267,8 @@ pub fn rates(before: &Snapshot, after: &Snapshot, seconds: f64) -> Vec<(String, 
 }
 
 /// The status page: every service and its backends (health, the last probe's outcome and
-/// latency, state, weight, the table share as a bar next to the observed traffic share over the last interval, packets per second), and the
-/// drop reasons. One page, no external assets, refreshed every 3 s; every value from the config
+/// latency, state, weight, the table share as a bar next to the observed traffic share over the
+/// last interval, packets per second), and the drop reasons. One page, no external assets, refreshed every 3 s; every value from the config
 /// is escaped.
 pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64)], interval: f64) -> String {
     let e = html_escape;

@@ -52,15 +52,15 @@ struct ProbeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServiceLabel {
-    service: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AgentLabels {
     service: String,
     backend: String,
     outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: String,
 }
 
 /// The serve loop's handle: what it reports as it goes.
