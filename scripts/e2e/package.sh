@@ -41,6 +41,14 @@ box_running() {
     [ "$s" = running ] || [ "$s" = degraded ]
 }
 
+# lb.service's journal holds at least COUNT (1) lines matching PATTERN.
+journal_has() { # PATTERN [COUNT]
+    [ "$(in_box journalctl -u lb --no-pager | grep -c "$1")" -ge "${2:-1}" ]
+}
+
+# The journal's last lines, for a failure.
+journal_tail() { in_box journalctl -u lb --no-pager | tail -20 >&2; }
+
 unit_is() { [ "$(in_box systemctl is-active lb 2>/dev/null)" = "$1" ]; }
 
 # The paths of ROOT's files, with mode and owner, for the before and after of a purge. dpkg's
@@ -125,7 +133,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     in_box systemd-analyze verify lb.service >"$WORK/verify.out" 2>&1 || { cat "$WORK/verify.out" >&2; fail "systemd-analyze verify lb.service"; }
     in_box systemctl enable --now lb >/dev/null 2>&1 || true
     wait_until 300 0.05 unit_is active || fail "lb.service is $(in_box systemctl is-active lb)"
-    wait_until 300 0.05 xdp_attached || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "lb.service attached nothing"; }
+    wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing"; }
     local pid
     pid=$(in_box systemctl show -p MainPID --value lb)
     uid=$(in_box id -u lb)
@@ -138,7 +146,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     ip netns exec "$PREFIX-lb" curl -s --max-time 5 http://127.0.0.1:9100/metrics >"$WORK/metrics" || fail "no /metrics"
     grep -q "lb_build_info{.*commit=\"$("$LB" --version | sed 's/.*commit \([^,]*\),.*/\1/')\"" "$WORK/metrics" || fail "lb_build_info does not name this build's commit"
     in_box systemctl reload lb || fail "systemctl reload"
-    wait_until 100 0.05 sh -c "nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -q 'reload (SIGHUP)'" || fail "systemctl reload did not reach lb"
+    wait_until 100 0.05 journal_has 'reload (SIGHUP)' || fail "systemctl reload did not reach lb"
     say "lb.service under systemd (PID 1 of the root): user lb (uid $uid), capabilities $want_caps (net_admin, perfmon, bpf) only"
 
     # systemctl restart under traffic: the pinned data plane forwards while lb is away.
@@ -147,14 +155,14 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     sleep 1
     in_box systemctl restart lb || fail "systemctl restart"
     wait_until 300 0.05 unit_is active || fail "lb.service did not come back"
-    wait_until 300 0.05 sh -c "nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -q 'adopted the data plane'" \
-        || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "the restarted lb did not adopt the pinned data plane"; }
+    wait_until 300 0.05 journal_has 'adopted the data plane' \
+        || { journal_tail; fail "the restarted lb did not adopt the pinned data plane"; }
     # A SIGTERM from outside systemd (systemctl kill): no stop was asked for, so the plane stays
     # and Restart= brings lb back to adopt it.
     in_box systemctl kill --signal=SIGTERM lb || fail "systemctl kill"
-    wait_until 300 0.05 sh -c "[ \$(nsenter -t $LEADER -a journalctl -u lb --no-pager | grep -c 'adopted the data plane') -ge 2 ]" \
-        || { in_box journalctl -u lb --no-pager | tail -20 >&2; fail "after systemctl kill, no lb adopted the pinned data plane"; }
-    ! in_box journalctl -u lb --no-pager | grep -q "stop-post.*detached" || fail "systemctl kill detached the data plane"
+    wait_until 300 0.05 journal_has 'adopted the data plane' 2 \
+        || { journal_tail; fail "after systemctl kill, no lb adopted the pinned data plane"; }
+    ! journal_has "stop-post.*detached" || fail "systemctl kill detached the data plane"
     sleep 1
     churn_stop || fail "new connections failed across the restart and the kill: $CHURN_SUMMARY"
     hold_wait "a held connection broke across systemctl restart or kill"
@@ -164,6 +172,6 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     in_box systemctl stop lb || fail "systemctl stop"
     wait_until 100 0.05 xdp_detached || fail "systemctl stop left the program attached"
     [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "systemctl stop left pins: $(find "$PINS/lb" -mindepth 1 | head -3)"
-    in_box journalctl -u lb --no-pager | grep -q "stop-post.*detached XDP program" || fail "stop-post did not detach"
+    journal_has "stop-post.*detached XDP program" || fail "stop-post did not detach"
     say "systemctl stop: the program detached and every pin removed"
 }
