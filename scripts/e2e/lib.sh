@@ -319,10 +319,11 @@ decap_up() { # MODE SOURCE...
 
 # A bpffs for the test's pins (PINS), mounted in this (the root) mount namespace: `ip netns
 # exec` sees it and its pins outlive each command (one mounted inside `ip netns exec` would not).
+# Mode 0700, as systemd mounts /sys/fs/bpf on a host: only root may walk it.
 pins_up() {
     PINS="/run/$PREFIX-bpf"
     mkdir -p "$PINS"
-    mount -t bpf bpf "$PINS"
+    mount -t bpf -o mode=0700 bpf "$PINS"
 }
 
 # Detaches what lb left pinned on eth0 in the namespaces of NODEs and removes the bpffs; does

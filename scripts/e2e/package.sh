@@ -55,6 +55,8 @@ unit_is() { [ "$(in_box systemctl is-active lb 2>/dev/null)" = "$1" ]; }
 # own records and logs change by design and are left out.
 root_files() { # ROOT
     (cd "$1" && find . -xdev -printf '%p %m %u:%g\n' | grep -Ev '^\./(var/lib/dpkg|var/lib/apt|var/cache/apt|var/cache/man|var/log|var/cache/debconf|tmp)/|^\./etc/(passwd|group|shadow|gshadow)- ' | sort)
+    # The user and group databases by content: a purge that left a line of lb's would show here.
+    (cd "$1" && sha256sum etc/passwd etc/group etc/shadow etc/gshadow)
 }
 
 test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # MODE
@@ -69,7 +71,11 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     done
 
     # lintian: every finding is printed; any error or warning not known (and explained) fails.
-    lintian --info "$deb" >"$WORK/lintian.out" 2>&1 || true
+    # lintian exits 2 when it finds errors (its --fail-on), 1 when it could not check the package.
+    local lintian_rc=0
+    lintian --info "$deb" >"$WORK/lintian.out" 2>&1 || lintian_rc=$?
+    [ "$lintian_rc" -ne 1 ] || { cat "$WORK/lintian.out" >&2; fail "lintian could not check the package"; }
+    [ "$lintian_rc" -eq 0 ] || grep -q '^E: ' "$WORK/lintian.out" || { cat "$WORK/lintian.out" >&2; fail "lintian exited $lintian_rc with no error found"; }
     say "lintian $(basename "$deb"): $(grep -cE '^[EWIPX]: ' "$WORK/lintian.out" || true) findings"
     grep -E '^[EWIPX]: ' "$WORK/lintian.out" | sed 's/^/      /' || true
     local tag unknown=""
@@ -110,6 +116,8 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     chroot "$root" dpkg --purge lb >>"$WORK/dpkg.log" 2>&1 || fail "dpkg --purge"
     DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get autoremove --purge -y -qq >>"$WORK/dpkg.log" 2>&1 || fail "apt-get autoremove"
     ! chroot "$root" getent passwd lb >/dev/null || fail "the lb user stays after purge"
+    ! chroot "$root" getent group lb >/dev/null || fail "the lb group stays after purge"
+    ! chroot "$root" dpkg-query -W lb >/dev/null 2>&1 || fail "dpkg still records lb after the purge: $(chroot "$root" dpkg -l lb | tail -1)"
     diff <(echo "$before") <(root_files "$root") >"$WORK/purge.diff" || { cat "$WORK/purge.diff" >&2; fail "install and purge left the root changed"; }
     say "fresh bookworm root: dpkg -i (and apt-get -f install for libelf1), dpkg -r, dpkg --purge (and autoremove);" \
         "after the purge its $(echo "$before" | wc -l) files are as before"
@@ -129,10 +137,14 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     LEADER=$(pgrep -P "$NSPAWN" | head -1)
     wait_until 300 0.1 box_running || { tail -20 "$WORK/nspawn.log" >&2; fail "systemd in the root did not come up"; }
     [ "$(in_box readlink /proc/1/exe)" = /usr/lib/systemd/systemd ] || fail "PID 1 in the root is not systemd"
+    # As on a host, where systemd mounts it 0700 (bpffs adds the sticky bit): user lb cannot
+    # walk /sys/fs/bpf.
+    [ "$(in_box stat -c %a /sys/fs/bpf)" = 1700 ] || fail "the root's /sys/fs/bpf is mode $(in_box stat -c %a /sys/fs/bpf), not a host's 1700"
+    ! in_box setpriv --reuid=lb --regid=lb --clear-groups ls /sys/fs/bpf >/dev/null 2>&1 || fail "user lb can list the root's /sys/fs/bpf"
 
     in_box systemd-analyze verify lb.service >"$WORK/verify.out" 2>&1 || { cat "$WORK/verify.out" >&2; fail "systemd-analyze verify lb.service"; }
     in_box systemctl enable --now lb >/dev/null 2>&1 || true
-    wait_until 300 0.05 unit_is active || fail "lb.service is $(in_box systemctl is-active lb)"
+    wait_until 300 0.05 unit_is active || { journal_tail; fail "lb.service is $(in_box systemctl is-active lb)"; }
     wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing"; }
     local pid
     pid=$(in_box systemctl show -p MainPID --value lb)
@@ -150,7 +162,10 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     say "lb.service under systemd (PID 1 of the root): user lb (uid $uid), capabilities $want_caps (net_admin, perfmon, bpf) only"
 
     # systemctl restart under traffic: the pinned data plane forwards while lb is away.
-    hold_open "$TOPO_CLIENTS4" 100 14
+    local held=30 t0
+    cp "$deb" "$root/var/tmp/lb.deb"
+    t0=$(date +%s)
+    hold_open "$TOPO_CLIENTS4" 100 "$held"
     churn_start
     sleep 1
     in_box systemctl restart lb || fail "systemctl restart"
@@ -162,16 +177,47 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     in_box systemctl kill --signal=SIGTERM lb || fail "systemctl kill"
     wait_until 300 0.05 journal_has 'adopted the data plane' 2 \
         || { journal_tail; fail "after systemctl kill, no lb adopted the pinned data plane"; }
-    ! journal_has "stop-post.*detached" || fail "systemctl kill detached the data plane"
+    # An upgrade (here the same version again: dpkg runs the same maintainer scripts) restarts
+    # a running lb, which adopts the plane.
+    in_box dpkg -i /var/tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -i over the installed lb"; }
+    wait_until 300 0.05 journal_has 'adopted the data plane' 3 \
+        || { journal_tail; fail "after the package's upgrade, no lb adopted the pinned data plane"; }
+    ! journal_has "stop-post.*detached" || fail "systemctl kill or the upgrade detached the data plane"
+    # The held connections prove something only if they were still open when lb came back.
+    [ $(($(date +%s) - t0)) -lt "$held" ] || fail "the restart, the kill and the upgrade took longer than the ${held} s the connections were held"
     sleep 1
-    churn_stop || fail "new connections failed across the restart and the kill: $CHURN_SUMMARY"
-    hold_wait "a held connection broke across systemctl restart or kill"
-    say "systemctl restart, then systemctl kill (SIGTERM) and Restart=, under traffic: held $(hold_summary); $CHURN_SUMMARY"
+    churn_stop || fail "new connections failed across the restart, the kill and the upgrade: $CHURN_SUMMARY"
+    hold_wait "a held connection broke across systemctl restart, kill or the package's upgrade"
+    say "systemctl restart, systemctl kill (SIGTERM) and Restart=, the package's upgrade, under traffic: held $(hold_summary); $CHURN_SUMMARY"
 
-    # systemctl stop: nothing attached, no pins left.
+    # systemctl stop: nothing attached, no pins left; what to detach comes from the pins, not
+    # from /etc/default/lb, which an operator may have edited since the start.
+    sed -i 's/^LB_INTERFACE=.*/LB_INTERFACE=eth9/' "$root/etc/default/lb"
     in_box systemctl stop lb || fail "systemctl stop"
     wait_until 100 0.05 xdp_detached || fail "systemctl stop left the program attached"
     [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "systemctl stop left pins: $(find "$PINS/lb" -mindepth 1 | head -3)"
     journal_has "stop-post.*detached XDP program" || fail "stop-post did not detach"
-    say "systemctl stop: the program detached and every pin removed"
+    say "systemctl stop (LB_INTERFACE edited since the start): the program detached and every pin removed"
+
+    # The package's removal stops lb, so detaches it, and keeps the configuration.
+    sed -i 's/^LB_INTERFACE=.*/LB_INTERFACE=eth0/' "$root/etc/default/lb"
+    in_box systemctl start lb || fail "systemctl start"
+    wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing after a start"; }
+    in_box dpkg -r lb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -r under systemd"; }
+    wait_until 100 0.05 xdp_detached || fail "removing the package left the program attached"
+    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "removing the package left pins"
+    [ -e "$root/etc/lb/pool.yaml" ] || fail "dpkg -r removed the configuration"
+    say "dpkg -r under systemd: lb stopped, the program detached, every pin removed, /etc/lb kept"
+
+    # Shutdown stops every unit: lb's plane goes with it.
+    in_box dpkg -i /var/tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -i after dpkg -r"; }
+    in_box systemctl start lb || fail "systemctl start after reinstalling"
+    wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing after reinstalling"; }
+    in_box systemctl poweroff || fail "systemctl poweroff"
+    wait_until 300 0.1 nspawn_gone || fail "the root did not shut down"
+    wait "$NSPAWN" 2>/dev/null || true
+    NSPAWN=
+    xdp_detached || fail "shutting down left the program attached"
+    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "shutting down left pins"
+    say "systemctl poweroff: lb stopped, the program detached, every pin removed"
 }
