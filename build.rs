@@ -108,8 +108,10 @@ fn pick_clang() -> PathBuf {
 
 /// The commit lb is built from, for `lb --version` and `lb_build_info`: $LB_GIT_COMMIT if set
 /// (a build from a source tarball can name its commit), else git's 12-digit abbreviation of
-/// HEAD, else `unknown`. The script reruns when HEAD or the branch it names moves, so the
-/// commit is never stale; changes not yet committed are not marked.
+/// HEAD, else `unknown`. Only a repository whose top is this crate counts: a source tree
+/// unpacked inside another repository is not that repository's commit. The script reruns when
+/// HEAD moves (its reflog, HEAD, the branch it names, packed-refs: whichever exist, so a `git
+/// gc` that packs the branch is seen too); changes not yet committed are not marked.
 fn git_commit(manifest: &std::path::Path) -> String {
     println!("cargo:rerun-if-env-changed=LB_GIT_COMMIT");
     if let Ok(c) = env::var("LB_GIT_COMMIT") {
@@ -126,16 +128,21 @@ fn git_commit(manifest: &std::path::Path) -> String {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .filter(|s| !s.is_empty())
     };
+    let top = git(&["rev-parse", "--show-toplevel"]).and_then(|t| std::fs::canonicalize(t).ok());
+    if top.is_none() || top != std::fs::canonicalize(manifest).ok() {
+        return "unknown".to_string();
+    }
     let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) else {
         return "unknown".to_string();
     };
-    // Watch only files that exist: cargo reruns on every build for a missing one.
-    let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    // Watch only files that exist: cargo reruns on every build for a missing one. --git-path
+    // answers relative to the manifest's directory (older git has no --path-format).
+    let mut watched = vec!["HEAD".to_string(), "logs/HEAD".to_string(), "packed-refs".to_string()];
     watched.extend(git(&["rev-parse", "--symbolic-full-name", "HEAD"]));
     for name in watched {
-        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name]) {
-            if std::path::Path::new(&path).exists() {
-                println!("cargo:rerun-if-changed={path}");
+        if let Some(path) = git(&["rev-parse", "--git-path", &name]).map(|p| manifest.join(p)) {
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
             }
         }
     }
