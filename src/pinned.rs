@@ -39,6 +39,13 @@ fn release_keeps_marks(release: &str) -> bool {
 pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     check_privileges()?;
     let dir = pin::plane_dir(root, iface)?;
+    // A plane's directory, or its namespace's, that is a symbolic link is refused: whoever owns
+    // the pin directory could point it at another program's pins, for root to detach and remove.
+    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+        if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
+            bail!("{} is a symbolic link; lb detach does not follow it", d.display());
+        }
+    }
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);
@@ -138,6 +145,13 @@ fn flock_held(locks: &str, id: &str) -> bool {
 pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
     check_privileges()?;
     let dir = pin::plane_dir(root, iface)?;
+    // A plane's directory, or its namespace's, that is a symbolic link is refused: whoever owns
+    // the pin directory could point it at another program's pins, for root to detach and remove.
+    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+        if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
+            bail!("{} is a symbolic link; lb detach does not follow it", d.display());
+        }
+    }
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);

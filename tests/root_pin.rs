@@ -311,6 +311,19 @@ fn root_pins_that_are_not_what_they_should_be_give_clear_errors_or_clean_recover
     lb.wait_for("serving", SECS);
     lb.signal(Signal::SIGTERM);
     lb.wait_exit(SECS);
+
+    // A plane directory that is a symbolic link (whoever owns the pin directory can make one,
+    // pointing at pins it does not own): lb detach, as root, does not follow it.
+    let link = walk(&pins.0).into_iter().find(|f| f.ends_with("/lbv0/link")).expect("lbv0 pinned");
+    let lbv_dir = Path::new(&link).parent().expect("plane dir").to_path_buf();
+    let decoy = lbv_dir.with_file_name("lbz0");
+    std::os::unix::fs::symlink(&lbv_dir, &decoy).expect("symlink on bpffs");
+    let out = lb_run(&p.lb, &["detach", "lbz0", "--pin-dir", pins.arg()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is a symbolic link"), "{err}");
+    assert!(p.lb.has_xdp("lbv0") && Path::new(&link).exists(), "detach followed the link: lbv0's plane went");
+    std::fs::remove_file(&decoy).expect("remove the symlink");
+
     let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
     assert!(out.status.success());
 }
