@@ -156,6 +156,10 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     caps=$(awk '/^Cap(Eff|Prm|Bnd):/ { printf "%s ", $2 }' "$WORK/status")
     [ "$caps" = "$want_caps $want_caps $want_caps " ] || fail "lb's capabilities (effective, permitted, bounding): $caps"
     ip netns exec "$PREFIX-lb" curl -s --max-time 5 http://127.0.0.1:9100/metrics >"$WORK/metrics" || fail "no /metrics"
+    # The pins are in /sys/fs/bpf/lb (lb saw it as /run/lb/bpf), where a root shell finds them.
+    compgen -G "$PINS/lb/net*/eth0/link" >/dev/null || fail "nothing pinned in the root's /sys/fs/bpf/lb/NS/eth0"
+    in_box lb status eth0 >"$WORK/lbstatus" 2>&1 || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 from a root shell"; }
+    grep -q "controller" "$WORK/lbstatus" || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 shows no controller"; }
     grep -q "lb_build_info{.*commit=\"$("$LB" --version | sed 's/.*commit \([^,]*\),.*/\1/')\"" "$WORK/metrics" || fail "lb_build_info does not name this build's commit"
     in_box systemctl reload lb || fail "systemctl reload"
     wait_until 100 0.05 journal_has 'reload (SIGHUP)' || fail "systemctl reload did not reach lb"
@@ -199,15 +203,22 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     journal_has "stop-post.*detached XDP program" || fail "stop-post did not detach"
     say "systemctl stop (LB_INTERFACE edited since the start): the program detached and every pin removed"
 
-    # The package's removal stops lb, so detaches it, and keeps the configuration.
+    # The package's removal detaches the data plane and keeps the configuration, even when the
+    # unit has no lb to stop: here it failed, its restarts refused by a pool that no longer
+    # loads, while the plane it pinned serves on.
     sed -i 's/^LB_INTERFACE=.*/LB_INTERFACE=eth0/' "$root/etc/default/lb"
     in_box systemctl start lb || fail "systemctl start"
     wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing after a start"; }
+    echo "services: [" >"$root/etc/lb/pool.yaml"
+    in_box systemctl restart lb || true
+    wait_until 300 0.1 unit_is failed || { journal_tail; fail "lb.service with a broken pool is $(in_box systemctl is-active lb), not failed"; }
+    xdp_attached || fail "the failed unit's data plane is gone already: nothing left to prove"
     in_box dpkg -r lb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -r under systemd"; }
-    wait_until 100 0.05 xdp_detached || fail "removing the package left the program attached"
+    wait_until 100 0.05 xdp_detached || fail "removing the package left the failed unit's program attached"
     [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "removing the package left pins"
     [ -e "$root/etc/lb/pool.yaml" ] || fail "dpkg -r removed the configuration"
-    say "dpkg -r under systemd: lb stopped, the program detached, every pin removed, /etc/lb kept"
+    cp "$WORK/pool.yaml" "$root/etc/lb/pool.yaml"
+    say "dpkg -r under systemd, of a failed unit whose plane served on: the program detached, every pin removed, /etc/lb kept"
 
     # Shutdown stops every unit: lb's plane goes with it.
     in_box dpkg -i /var/tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -i after dpkg -r"; }
