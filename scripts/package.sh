@@ -2,15 +2,12 @@
 # Builds lb's Debian package: target/debian/lb_VERSION-1_ARCH.deb (the path is printed last).
 # The man pages and shell completions are made by the binary itself (lb man, lb completions),
 # so they say what it does. Needs what scripts/setup.sh installs, and cargo-deb
-# (installed here when missing, with cargo).
+# 3.8.0 (scripts/cargo-deb.sh installs it when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
-if ! command -v cargo-deb >/dev/null 2>&1; then
-    echo "package: installing cargo-deb" >&2
-    cargo install --quiet --locked cargo-deb
-fi
+scripts/cargo-deb.sh
 
 cargo build --release --quiet --bin lb
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')

@@ -39,10 +39,7 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
-# scripts/package.sh builds the Debian package with cargo-deb, the version it was written and
-# tested against (the package's layout comes from its [package.metadata.deb] defaults).
-CARGO_DEB_VERSION=3.8.0
-[ "$(cargo-deb --version 2>/dev/null)" = "cargo-deb $CARGO_DEB_VERSION" ] \
-    || cargo install --quiet --locked cargo-deb --version "$CARGO_DEB_VERSION"
+# scripts/package.sh builds the Debian package with cargo-deb.
+scripts/cargo-deb.sh
 
 cargo build --release --quiet

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs cargo-deb, the version the package was written and tested with (its defaults shape
+# the package), unless that version is already installed. Run by setup.sh and package.sh.
+set -euo pipefail
+export PATH="$HOME/.cargo/bin:$PATH"
+CARGO_DEB_VERSION=3.8.0
+if [ "$(cargo-deb --version 2>/dev/null)" != "cargo-deb $CARGO_DEB_VERSION" ]; then
+    echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
+    cargo install --quiet --locked cargo-deb --version "$CARGO_DEB_VERSION"
+fi
