@@ -114,7 +114,12 @@ fn pick_clang() -> PathBuf {
 /// gc` that packs the branch is seen too); changes not yet committed are not marked.
 fn git_commit(manifest: &std::path::Path) -> String {
     println!("cargo:rerun-if-env-changed=LB_GIT_COMMIT");
-    if let Ok(c) = env::var("LB_GIT_COMMIT") {
+    if let Some(c) = env::var("LB_GIT_COMMIT").ok().filter(|c| !c.is_empty()) {
+        // It goes into cargo's directives and Prometheus labels: a name, nothing more.
+        assert!(
+            c.len() <= 64 && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ".-_".contains(ch)),
+            "LB_GIT_COMMIT must be at most 64 letters, digits, '.', '-' or '_' (a commit's name); it is {c:?}"
+        );
         return c;
     }
     let git = |args: &[&str]| {

@@ -270,13 +270,17 @@ fn version_names_the_commit_and_the_bpf_layout() {
         // The upgrade test's second build says it is another layout.
         layout = fnv(&[&layout.to_le_bytes()[..], b"layout-test"].concat());
     }
-    // A build told its commit ($LB_GIT_COMMIT, as from a source tarball) names that one.
-    let commit = match std::env::var("LB_GIT_COMMIT") {
-        Ok(c) => c,
-        Err(_) => match Command::new("git").arg("-C").arg(root).args(["rev-parse", "--short=12", "HEAD"]).output() {
-            Ok(g) if g.status.success() => String::from_utf8_lossy(&g.stdout).trim().to_string(),
-            _ => "unknown".to_string(),
-        },
+    // A build told its commit ($LB_GIT_COMMIT, as from a source tarball) names that one; else
+    // git's, when this crate is the top of its repository (not a tree inside another one).
+    let git = |args: &[&str]| match Command::new("git").arg("-C").arg(root).args(args).output() {
+        Ok(g) if g.status.success() => Some(String::from_utf8_lossy(&g.stdout).trim().to_string()),
+        _ => None,
+    };
+    let own_repo = git(&["rev-parse", "--show-toplevel"]).and_then(|t| std::fs::canonicalize(t).ok()) == std::fs::canonicalize(root).ok();
+    let commit = match std::env::var("LB_GIT_COMMIT").ok().filter(|c| !c.is_empty()) {
+        Some(c) => c,
+        None if own_repo => git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_string()),
+        None => "unknown".to_string(),
     };
     assert_eq!(
         text.trim(),
