@@ -39,13 +39,7 @@ fn release_keeps_marks(release: &str) -> bool {
 pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     check_privileges()?;
     let dir = pin::plane_dir(root, iface)?;
-    // A plane's directory, or its namespace's, that is a symbolic link is refused: whoever owns
-    // the pin directory could point it at another program's pins, for root to detach and remove.
-    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
-        if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
-            bail!("{} is a symbolic link; lb detach does not follow it", d.display());
-        }
-    }
+    refuse_links(&dir)?;
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);
@@ -106,6 +100,20 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Refuses a plane whose directory, namespace directory or any pin is a symbolic link. Whoever
+/// owns the pin directory (user lb, under the unit) could point one at another program's pins,
+/// for root to read, detach and remove. The unit's processes are gone when its stop-post runs
+/// this as root, so nothing of theirs swaps a pin between the check and the use.
+fn refuse_links(dir: &Path) -> Result<()> {
+    let is_link = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+    let pins = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path());
+    let mut paths = [Some(dir.to_path_buf()), dir.parent().map(Path::to_path_buf)].into_iter().flatten().chain(pins);
+    if let Some(p) = paths.find(|p| is_link(p)) {
+        bail!("{} is a symbolic link; lb does not follow links among its pins", p.display());
+    }
+    Ok(())
+}
+
 /// Whether a controller holds `dir`'s lock.
 ///
 /// A controller runs while it holds the directory's flock. The kernel lists every flock in
@@ -145,13 +153,7 @@ fn flock_held(locks: &str, id: &str) -> bool {
 pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
     check_privileges()?;
     let dir = pin::plane_dir(root, iface)?;
-    // A plane's directory, or its namespace's, that is a symbolic link is refused: whoever owns
-    // the pin directory could point it at another program's pins, for root to detach and remove.
-    for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
-        if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
-            bail!("{} is a symbolic link; lb detach does not follow it", d.display());
-        }
-    }
+    refuse_links(&dir)?;
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);

@@ -323,6 +323,17 @@ fn root_pins_that_are_not_what_they_should_be_give_clear_errors_or_clean_recover
     assert!(!out.status.success() && err.contains("is a symbolic link"), "{err}");
     assert!(p.lb.has_xdp("lbv0") && Path::new(&link).exists(), "detach followed the link: lbv0's plane went");
     std::fs::remove_file(&decoy).expect("remove the symlink");
+    // The same through a pin: a real directory whose `link` points at lbv0's.
+    std::fs::create_dir(&decoy).expect("mkdir on bpffs");
+    std::os::unix::fs::symlink(&link, decoy.join("link")).expect("symlink on bpffs");
+    let out = lb_run(&p.lb, &["detach", "lbz0", "--pin-dir", pins.arg()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is a symbolic link"), "{err}");
+    assert!(p.lb.has_xdp("lbv0") && Path::new(&link).exists(), "detach followed the pin's link: lbv0's plane went");
+    let out = lb_run(&p.lb, &["status", "lbz0", "--pin-dir", pins.arg()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is a symbolic link"));
+    std::fs::remove_file(decoy.join("link")).expect("remove the symlink");
+    std::fs::remove_dir(&decoy).expect("rmdir");
 
     let out = lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.arg()]);
     assert!(out.status.success());

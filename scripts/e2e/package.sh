@@ -159,7 +159,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     # The pins are in /sys/fs/bpf/lb (lb saw it as /run/lb/bpf), where a root shell finds them.
     compgen -G "$PINS/lb/net*/eth0/link" >/dev/null || fail "nothing pinned in the root's /sys/fs/bpf/lb/NS/eth0"
     in_box lb status eth0 >"$WORK/lbstatus" 2>&1 || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 from a root shell"; }
-    grep -q "controller" "$WORK/lbstatus" || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 shows no controller"; }
+    grep -q "^controller: lb pid $pid," "$WORK/lbstatus" || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 does not name the unit's lb (pid $pid) as controller"; }
     grep -q "lb_build_info{.*commit=\"$("$LB" --version | sed 's/.*commit \([^,]*\),.*/\1/')\"" "$WORK/metrics" || fail "lb_build_info does not name this build's commit"
     in_box systemctl reload lb || fail "systemctl reload"
     wait_until 100 0.05 journal_has 'reload (SIGHUP)' || fail "systemctl reload did not reach lb"
@@ -218,6 +218,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "removing the package left pins"
     [ -e "$root/etc/lb/pool.yaml" ] || fail "dpkg -r removed the configuration"
     cp "$WORK/pool.yaml" "$root/etc/lb/pool.yaml"
+    in_box systemctl reset-failed lb 2>/dev/null || true
     say "dpkg -r under systemd, of a failed unit whose plane served on: the program detached, every pin removed, /etc/lb kept"
 
     # Shutdown stops every unit: lb's plane goes with it.
