@@ -8,7 +8,7 @@
 //! borrows only [`since_text`] from here.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -38,8 +38,7 @@ fn release_keeps_marks(release: &str) -> bool {
 /// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
 pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     check_privileges()?;
-    let dir = pin::plane_dir(root, iface)?;
-    refuse_links(&dir)?;
+    let dir = plane_dir(root, iface)?;
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);
@@ -100,18 +99,20 @@ pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Refuses a plane whose directory, namespace directory or any pin is a symbolic link. Whoever
-/// owns the pin directory (user lb, under the unit) could point one at another program's pins,
-/// for root to read, detach and remove. The unit's processes are gone when its stop-post runs
-/// this as root, so nothing of theirs swaps a pin between the check and the use.
-fn refuse_links(dir: &Path) -> Result<()> {
+/// `iface`'s plane directory under `root`, refused when it, its namespace directory or any pin
+/// is a symbolic link. Whoever owns the pin directory (user lb, under the unit) could point one
+/// at another program's pins, for root to read, detach and remove. The unit's processes are
+/// gone when its stop-post runs lb detach as root, so nothing of theirs swaps a pin between the
+/// check and the use.
+fn plane_dir(root: &Path, iface: &str) -> Result<PathBuf> {
+    let dir = pin::plane_dir(root, iface)?;
     let is_link = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
-    let pins = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path());
-    let mut paths = [Some(dir.to_path_buf()), dir.parent().map(Path::to_path_buf)].into_iter().flatten().chain(pins);
+    let pins = std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path());
+    let mut paths = [Some(dir.clone()), dir.parent().map(Path::to_path_buf)].into_iter().flatten().chain(pins);
     if let Some(p) = paths.find(|p| is_link(p)) {
         bail!("{} is a symbolic link; lb does not follow links among its pins", p.display());
     }
-    Ok(())
+    Ok(dir)
 }
 
 /// Whether a controller holds `dir`'s lock.
@@ -152,8 +153,7 @@ fn flock_held(locks: &str, id: &str) -> bool {
 /// `lb status IFACE`: what the pinned data plane holds and counts, from any process.
 pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
     check_privileges()?;
-    let dir = pin::plane_dir(root, iface)?;
-    refuse_links(&dir)?;
+    let dir = plane_dir(root, iface)?;
     if !pin::has_link(&dir) {
         eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
         return Ok(ExitCode::FAILURE);

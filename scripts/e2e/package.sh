@@ -51,6 +51,12 @@ journal_tail() { in_box journalctl -u lb --no-pager | tail -20 >&2; }
 
 unit_is() { [ "$(in_box systemctl is-active lb 2>/dev/null)" = "$1" ]; }
 
+# After WHAT (a stop, a removal, a shutdown): no program on eth0 and no pin left.
+plane_gone() { # WHAT
+    wait_until 100 0.05 xdp_detached || fail "$1 left the program attached"
+    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "$1 left pins: $(find "$PINS/lb" -mindepth 1 | head -3)"
+}
+
 # The paths of ROOT's files, with mode and owner, for the before and after of a purge. dpkg's
 # own records and logs change by design and are left out.
 root_files() { # ROOT
@@ -198,8 +204,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     # from /etc/default/lb, which an operator may have edited since the start.
     sed -i 's/^LB_INTERFACE=.*/LB_INTERFACE=eth9/' "$root/etc/default/lb"
     in_box systemctl stop lb || fail "systemctl stop"
-    wait_until 100 0.05 xdp_detached || fail "systemctl stop left the program attached"
-    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "systemctl stop left pins: $(find "$PINS/lb" -mindepth 1 | head -3)"
+    plane_gone "systemctl stop"
     journal_has "stop-post.*detached XDP program" || fail "stop-post did not detach"
     say "systemctl stop (LB_INTERFACE edited since the start): the program detached and every pin removed"
 
@@ -214,8 +219,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     wait_until 300 0.1 unit_is failed || { journal_tail; fail "lb.service with a broken pool is $(in_box systemctl is-active lb), not failed"; }
     xdp_attached || fail "the failed unit's data plane is gone already: nothing left to prove"
     in_box dpkg -r lb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -r under systemd"; }
-    wait_until 100 0.05 xdp_detached || fail "removing the package left the failed unit's program attached"
-    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "removing the package left pins"
+    plane_gone "removing the package of a failed unit"
     [ -e "$root/etc/lb/pool.yaml" ] || fail "dpkg -r removed the configuration"
     cp "$WORK/pool.yaml" "$root/etc/lb/pool.yaml"
     in_box systemctl reset-failed lb 2>/dev/null || true
@@ -229,7 +233,6 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     wait_until 300 0.1 nspawn_gone || fail "the root did not shut down"
     wait "$NSPAWN" 2>/dev/null || true
     NSPAWN=
-    xdp_detached || fail "shutting down left the program attached"
-    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "shutting down left pins"
+    plane_gone "shutting down"
     say "systemctl poweroff: lb stopped, the program detached, every pin removed"
 }
