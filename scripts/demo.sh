@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
     exec sudo -E "$0" "$@"
 fi
-scripts/setup.sh >/dev/null
+scripts/setup.sh build >/dev/null
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --bins --examples 2>&1 | grep -v '^ *\(Compiling\|Finished\)' || true
 # shellcheck source=scripts/lib/topology.sh

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds lb's Debian package: target/debian/lb_VERSION-1_ARCH.deb (the path is printed last).
 # The man pages and shell completions are made by the binary itself (lb man, lb completions),
-# so they say what it does. Needs what scripts/setup.sh installs, and cargo-deb
-# 3.8.0 (scripts/cargo-deb.sh installs it when missing).
+# so they say what it does. Needs what `scripts/setup.sh` installs for building lb, and installs
+# cargo-deb 3.8.0 when it is missing (scripts/cargo-deb.sh). Testing the package needs more:
+# `scripts/setup.sh package`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
-# Installs what building and testing lb needs on a Debian machine, then builds it.
-# Idempotent: packages already installed are not fetched again.
+# Installs what one purpose needs on a Debian machine, and nothing more:
+#
+#   scripts/setup.sh            building lb and running the demo (the default)
+#   scripts/setup.sh test       that, and what the tests use: bpftool, strace, curl, Prometheus,
+#                               Chromium, BIRD, fish, zsh, man
+#   scripts/setup.sh package    that, and what making and testing the Debian package needs:
+#                               cargo-deb, lintian, debootstrap, systemd-container
+#
+# The purposes nest: test includes the build's packages, package includes the tests'. Idempotent:
+# packages already installed are not fetched again. Builds nothing; the callers build what they
+# need (scripts/demo.sh, scripts/test.sh, scripts/package.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# install [APT OPTIONS --] PACKAGES...: installs the packages that are missing.
+purpose=${1:-build}
+case "$purpose" in
+    build | demo) level=0 ;;
+    test) level=1 ;;
+    package) level=2 ;;
+    *)
+        echo "usage: scripts/setup.sh [build|test|package] (got '$purpose')" >&2
+        exit 2
+        ;;
+esac
+
+# install [--no-install-recommends] PACKAGES...: installs those that are missing, in one apt run.
 install() {
     local opts=() missing=() p sudo=""
     if [ "${1:-}" = --no-install-recommends ]; then
@@ -17,29 +37,42 @@ install() {
     ((${#missing[@]})) || return 0
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     echo "setup: installing ${missing[*]}" >&2
-    $sudo apt-get update -qq
+    # One index refresh per run of this script: a second install call reuses it.
+    if [ -z "${SETUP_APT_UPDATED:-}" ]; then
+        $sudo apt-get update -qq
+        SETUP_APT_UPDATED=1
+    fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${opts[@]}" "${missing[@]}" >/dev/null
 }
 
-# clang-19: the data plane needs clang >= 15 (build.rs); Debian 12's `clang` is 14.
-install clang-19 llvm libelf-dev zlib1g-dev pkg-config make gcc iproute2 ethtool bpftool strace
-# The monitoring test's real Prometheus (and promtool) and headless browser, and the fleet
-# test's BIRD, without the recommended packages (with them, about 165 more).
-install --no-install-recommends prometheus chromium curl bird2
-# The completions test loads `lb completions` into real shells; man renders the man pages. The
-# package test checks the .deb with lintian, makes a fresh Debian root with debootstrap and
-# boots systemd in it with systemd-nspawn (systemd-container).
-install --no-install-recommends fish zsh man-db lintian debootstrap systemd-container
+# Building and the demo: clang-19 (the data plane needs clang >= 15, build.rs; Debian 12's
+# `clang` is 14), the libraries libbpf-sys links, and what the demo's topology runs (ip, ethtool).
+# Without recommended packages: clang-19's pull in about 60 more that nothing here uses.
+install --no-install-recommends clang-19 libelf-dev zlib1g-dev pkg-config make gcc libc6-dev iproute2 ethtool
+
+if ((level >= 1)); then
+    # The root tests read programs with bpftool and trace lb status with strace; the monitoring
+    # test's real Prometheus (and promtool) and headless browser, the fleet tests' BIRD; the
+    # completions test loads `lb completions` into real shells, and man renders the man pages.
+    install --no-install-recommends bpftool strace curl python3 prometheus chromium bird2 fish zsh man-db
+fi
+
+if ((level >= 2)); then
+    # The package test checks the .deb with lintian, makes a fresh Debian root with debootstrap
+    # and boots systemd in it with systemd-nspawn (systemd-container).
+    install --no-install-recommends lintian debootstrap systemd-container
+fi
 
 if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || {
+        command -v curl >/dev/null 2>&1 || install --no-install-recommends curl ca-certificates
         echo "setup: no Rust toolchain; installing rustup (needs Rust >= 1.85)" >&2
         curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
     }
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
-# scripts/package.sh builds the Debian package with cargo-deb.
-scripts/cargo-deb.sh
-
-cargo build --release --quiet
+if ((level >= 2)); then
+    # scripts/package.sh builds the Debian package with cargo-deb, at the version it was written for.
+    scripts/cargo-deb.sh
+fi

@@ -3,7 +3,7 @@
 # Tests that need root live in tests/root_*.rs and run as their own group; the rest run anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh package
 export PATH="$HOME/.cargo/bin:$PATH"
 
 plain=()

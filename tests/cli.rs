@@ -357,13 +357,13 @@ fn completed(shell: &str, words: &str) -> String {
         "fish" => format!("'{lb}' completions fish | source; complete -C '{words}'"),
         _ => unreachable!(),
     };
-    let o = Command::new(shell).arg("-c").arg(&script).output().unwrap_or_else(|e| panic!("{shell} (scripts/setup.sh installs it): {e}"));
+    let o = Command::new(shell).arg("-c").arg(&script).output().unwrap_or_else(|e| panic!("{shell} (scripts/setup.sh test installs it): {e}"));
     assert!(o.status.success(), "{shell}: {}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// `lb completions`: bash and fish, loaded into the real shells, offer lb's subcommands and
-/// flags; zsh's script is valid zsh. (scripts/setup.sh installs fish and zsh.)
+/// flags; zsh's script is valid zsh. (scripts/setup.sh test installs fish and zsh.)
 #[test]
 fn completions_complete_in_real_shells() {
     for shell in ["bash", "fish"] {
@@ -382,7 +382,7 @@ fn completions_complete_in_real_shells() {
     let dir = std::env::temp_dir().join(format!("lb-cli-{}-zsh", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("_lb"), &zsh.stdout).unwrap();
-    let o = Command::new("zsh").arg("-n").arg(dir.join("_lb")).output().expect("zsh (scripts/setup.sh installs it)");
+    let o = Command::new("zsh").arg("-n").arg(dir.join("_lb")).output().expect("zsh (scripts/setup.sh test installs it)");
     assert!(o.status.success(), "zsh -n _lb: {}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&zsh.stdout).contains("#compdef lb"));
     let _ = std::fs::remove_dir_all(&dir);

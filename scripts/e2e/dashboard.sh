@@ -98,7 +98,7 @@ EOF
 
 test_dashboard_every_panel_query_returns_data() { # MODE
     setup "$1"
-    command -v prometheus >/dev/null || fail "prometheus is not installed (scripts/setup.sh installs it)"
+    command -v prometheus >/dev/null || fail "prometheus is not installed (scripts/setup.sh test installs it)"
     [ -f "$DASHBOARD" ] || fail "no $DASHBOARD"
     # web tracks connections (the flow table fills) and is health-checked (probes, latency);
     # ghost's backend does not exist, so its packets are dropped as no_mac.

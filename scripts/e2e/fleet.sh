@@ -70,7 +70,7 @@ fleet_teardown() {
 test_fleet_two_nodes_behind_ecmp_lose_no_connection() { # MODE [FORWARD]
     FLEET_FORWARD=${2:-l2}
     begin_test lbf fleet_teardown
-    command -v bird >/dev/null || fail "bird is not installed (scripts/setup.sh installs bird2)"
+    command -v bird >/dev/null || fail "bird is not installed (scripts/setup.sh test installs bird2)"
     topo_fleet_up "$PREFIX" "$1" || fail "fleet topology"
     pins_up
     if [ "$FLEET_FORWARD" != l2 ]; then

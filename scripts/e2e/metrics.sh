@@ -48,8 +48,8 @@ EOF
 
 test_metrics_prometheus_and_the_status_page() { # MODE
     setup "$1"
-    command -v prometheus >/dev/null && command -v promtool >/dev/null || fail "prometheus is not installed (scripts/setup.sh installs it)"
-    command -v chromium >/dev/null || fail "chromium is not installed (scripts/setup.sh installs it)"
+    command -v prometheus >/dev/null && command -v promtool >/dev/null || fail "prometheus is not installed (scripts/setup.sh test installs it)"
+    command -v chromium >/dev/null || fail "chromium is not installed (scripts/setup.sh test installs it)"
     web_add "$WORK/pool.yaml" "health_check: {kind: tcp, interval: 300ms, timeout: 250ms, rise: 2, fall: 2}"
     # A backend whose name needs escaping, on a service of its own.
     cat >>"$WORK/pool.yaml" <<'EOF'

@@ -73,7 +73,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     deb=${LB_DEB:-$(find "$(dirname "$LB")/../debian" -name 'lb_*.deb' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2)}
     [ -n "$deb" ] || fail "no lb_*.deb next to $LB: build it with scripts/package.sh"
     for t in lintian debootstrap systemd-nspawn; do
-        command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh installs it)"
+        command -v "$t" >/dev/null || fail "$t is not installed (scripts/setup.sh package installs it)"
     done
 
     # lintian: every finding is printed; any error or warning not known (and explained) fails.

@@ -100,7 +100,7 @@ sc_adopted() { # NODE...
 test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() { # MODE on|off
     local mode=$1 sc=$2 ms t0 t1 keep=() broken1 broken2 sent1 sent2 hold_failed=0
     begin_test lbs sc_teardown
-    command -v bird >/dev/null || fail "bird is not installed (scripts/setup.sh installs bird2)"
+    command -v bird >/dev/null || fail "bird is not installed (scripts/setup.sh test installs bird2)"
     local decap_args="--stats-interval 1"
     [ "$sc" = on ] && decap_args="--second-chance --stats-interval 1"
     # The control run counts every break instead of stopping at the first.
