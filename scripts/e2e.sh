@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # End-to-end tests: real TCP and UDP clients and servers in network namespaces, through lb
-# attached to a veth, in native and generic XDP mode. One function per test; each runs in its
-# own subshell with its own topology, a time bound, and a trap that tears everything down.
+# attached to a veth, in native and generic XDP mode. One function per test; each runs in a
+# process of its own with its own topology, a time bound, and a trap that tears everything down,
+# side by side with others as the CPU they use allows (scripts/e2e/runner.sh).
 #
-#   scripts/e2e.sh                 every test, both modes
-#   scripts/e2e.sh NAME...         only tests whose name contains NAME
-#   V=1 scripts/e2e.sh             show lb's log and the checks' tables as they run
+#   scripts/e2e.sh                 every test
+#   scripts/e2e.sh NAME...         only tests whose name (with its arguments) contains a NAME
+#   V=1 scripts/e2e.sh             show lb's log and the checks' tables
+#   E2E_CAPACITY=1 scripts/e2e.sh  one test at a time
 #
 # Needs root and the release build (cargo build --release --bins --examples, and
 # cargo build --release -p quic-echo for the QUIC-LB test). Exit status: 0
 # all passed, 1 some failed.
 #
-# This file is the runner. The tests live in scripts/e2e/, a file per feature (each with the
-# helpers only it uses); scripts/e2e/lib.sh holds what more than one feature shares.
+# This file is the list of tests and how heavy each is. The tests live in scripts/e2e/, a file
+# per feature (each with the helpers only it uses); scripts/e2e/lib.sh holds what more than one
+# feature shares, and scripts/e2e/runner.sh runs them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LB=${LB:-target/release/lb}
@@ -26,6 +29,10 @@ source scripts/lib/topology.sh
 E2E=$TOPO_E2E
 TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 V=${V:-0}
+# How much runs at once (scripts/e2e/runner.sh): tests run side by side while their weights
+# (WEIGHT, below: percent of one CPU) add up to at most E2E_CAPACITY, 100 per CPU by default;
+# E2E_CAPACITY=1 runs them one at a time.
+E2E_CAPACITY=${E2E_CAPACITY:-$((100 * $(nproc)))}
 
 # The shared helpers first, then a file per feature.
 for part in lib basic reload lifecycle health conntrack encap pin metrics dashboard fleet second_chance load quic package; do
@@ -33,65 +40,106 @@ for part in lib basic reload lifecycle health conntrack encap pin metrics dashbo
     source "scripts/e2e/$part.sh"
 done
 
-# ---- runner ----
+# ---- the tests ----
 
+# Every test, with its arguments (the XDP mode first), in the order they start: the longest first
+# (as measured one at a time), so that those that end last are short.
 TESTS=(
-    "test_3000_tcp_connections_follow_the_table native"
-    "test_3000_tcp_connections_follow_the_table generic"
-    "test_udp_and_ipv6_end_to_end native"
-    "test_udp_and_ipv6_end_to_end generic"
-    "test_client_ip_keeps_each_client_on_one_backend native"
-    "test_client_ip_keeps_each_client_on_one_backend generic"
-    "test_reload_under_traffic_moves_only_what_it_must native"
-    "test_reload_under_traffic_moves_only_what_it_must generic"
-    "test_long_lived_connections_survive_a_reload native"
-    "test_long_lived_connections_survive_a_reload generic"
-    "test_sigterm_and_kill_leave_the_interface_clean native"
-    "test_sigterm_and_kill_leave_the_interface_clean generic"
-    "test_bad_command_lines_fail_clearly_and_attach_nothing native"
-    "test_health_a_stopped_backend_leaves_and_comes_back native"
-    "test_health_a_stopped_backend_leaves_and_comes_back generic"
-    "test_health_a_flapping_backend_does_not_churn_the_table native"
-    "test_health_http_checks_honour_the_status_range native"
-    "test_conntrack_keeps_established_connections_through_pool_changes native"
-    "test_conntrack_keeps_established_connections_through_pool_changes generic"
-    "test_conntrack_a_syn_flood_breaks_no_established_connection native on"
-    "test_conntrack_a_syn_flood_breaks_no_established_connection native off"
-    "test_conntrack_a_syn_ack_flood_breaks_no_established_connection native"
-    "test_conntrack_a_udp_pair_flood_breaks_no_established_flow native"
-    "test_encap_tcp_udp_ipv4_ipv6_through_a_router native ipip"
-    "test_encap_tcp_udp_ipv4_ipv6_through_a_router native gue"
-    "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic ipip"
-    "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic gue"
-    "test_encap_reload_moves_l2_to_ipip_under_traffic native"
-    "test_encap_reload_moves_l2_to_ipip_under_traffic generic"
-    "test_encap_backend_removed_under_traffic_moves_only_its_flows native"
-    "test_encap_health_check_takes_a_stopped_backend_out native"
-    "test_encap_tracked_connections_survive_a_reweight native"
-    "test_encap_tracked_connections_survive_a_reweight generic"
-    "test_encap_follows_a_route_change native"
-    "test_pin_restart_kill_and_upgrade_lose_no_connection native"
-    "test_pin_restart_kill_and_upgrade_lose_no_connection generic"
-    "test_metrics_prometheus_and_the_status_page native"
-    "test_dashboard_every_panel_query_returns_data native"
-    "test_fleet_two_nodes_behind_ecmp_lose_no_connection native"
-    "test_fleet_two_nodes_behind_ecmp_lose_no_connection generic"
-    "test_fleet_two_nodes_behind_ecmp_lose_no_connection native ipip"
-    "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
-    "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
-    "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"
-    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native on"
-    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic on"
-    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native off"
-    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic off"
+    "test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"
     "test_load_a_slower_backend_gets_less native"
     "test_load_slow_start_and_what_agents_say native"
     "test_load_slow_start_and_what_agents_say generic"
     "test_load_two_nodes_reading_the_same_agents_agree native"
-    "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native on"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native on"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic on"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic off"
+    "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native off"
+    "test_fleet_two_nodes_behind_ecmp_lose_no_connection native"
+    "test_fleet_two_nodes_behind_ecmp_lose_no_connection generic"
+    "test_fleet_two_nodes_behind_ecmp_lose_no_connection native ipip"
     "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes generic on"
+    "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native on"
+    "test_metrics_prometheus_and_the_status_page native"
+    "test_conntrack_a_syn_flood_breaks_no_established_connection native on"
+    "test_conntrack_a_syn_ack_flood_breaks_no_established_connection native"
+    "test_conntrack_a_udp_pair_flood_breaks_no_established_flow native"
+    "test_conntrack_a_syn_flood_breaks_no_established_connection native off"
+    "test_pin_restart_kill_and_upgrade_lose_no_connection generic"
+    "test_pin_restart_kill_and_upgrade_lose_no_connection native"
+    "test_dashboard_every_panel_query_returns_data native"
     "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native off"
-    "test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"
+    "test_encap_path_mtu_works_because_icmp_reaches_the_backend native ipip"
+    "test_encap_path_mtu_works_because_icmp_reaches_the_backend native gue"
+    "test_encap_path_mtu_works_because_icmp_reaches_the_backend generic ipip"
+    "test_conntrack_keeps_established_connections_through_pool_changes generic"
+    "test_conntrack_keeps_established_connections_through_pool_changes native"
+    "test_encap_reload_moves_l2_to_ipip_under_traffic native"
+    "test_health_a_stopped_backend_leaves_and_comes_back native"
+    "test_health_a_stopped_backend_leaves_and_comes_back generic"
+    "test_encap_reload_moves_l2_to_ipip_under_traffic generic"
+    "test_health_a_flapping_backend_does_not_churn_the_table native"
+    "test_encap_tracked_connections_survive_a_reweight native"
+    "test_encap_tracked_connections_survive_a_reweight generic"
+    "test_long_lived_connections_survive_a_reload native"
+    "test_long_lived_connections_survive_a_reload generic"
+    "test_health_http_checks_honour_the_status_range native"
+    "test_udp_and_ipv6_end_to_end native"
+    "test_udp_and_ipv6_end_to_end generic"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router native gue"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic ipip"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router native ipip"
+    "test_encap_tcp_udp_ipv4_ipv6_through_a_router generic gue"
+    "test_sigterm_and_kill_leave_the_interface_clean native"
+    "test_reload_under_traffic_moves_only_what_it_must native"
+    "test_reload_under_traffic_moves_only_what_it_must generic"
+    "test_sigterm_and_kill_leave_the_interface_clean generic"
+    "test_encap_health_check_takes_a_stopped_backend_out native"
+    "test_encap_backend_removed_under_traffic_moves_only_its_flows native"
+    "test_encap_follows_a_route_change native"
+    "test_3000_tcp_connections_follow_the_table native"
+    "test_3000_tcp_connections_follow_the_table generic"
+    "test_client_ip_keeps_each_client_on_one_backend generic"
+    "test_client_ip_keeps_each_client_on_one_backend native"
+    "test_bad_command_lines_fail_clearly_and_attach_nothing native"
+)
+
+# Each test's weight: the share of one CPU it keeps busy, in percent, as measured (the CPU its
+# processes used over its time, both in the runner's summary; the larger of its runs, rounded up
+# to tens, at least 20). "alone": a test that needs the machine to itself whatever it uses: the
+# floods of spoofed packets, and the backends burning CPU whose speed lb must measure. A key
+# matches every test that begins with it; a test not listed weighs 50.
+declare -A WEIGHT=(
+    ["test_conntrack_a_syn_flood_breaks_no_established_connection"]=alone
+    ["test_conntrack_a_syn_ack_flood_breaks_no_established_connection"]=alone
+    ["test_conntrack_a_udp_pair_flood_breaks_no_established_flow"]=alone
+    ["test_load_a_slower_backend_gets_less"]=alone
+    ["test_pin_restart_kill_and_upgrade_lose_no_connection"]=180
+    ["test_reload_under_traffic_moves_only_what_it_must"]=130
+    ["test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once"]=130
+    ["test_3000_tcp_connections_follow_the_table"]=120
+    ["test_client_ip_keeps_each_client_on_one_backend"]=110
+    ["test_encap_backend_removed_under_traffic_moves_only_its_flows"]=110
+    ["test_bad_command_lines_fail_clearly_and_attach_nothing"]=100
+    ["test_encap_follows_a_route_change"]=100
+    ["test_sigterm_and_kill_leave_the_interface_clean"]=100
+    ["test_encap_tcp_udp_ipv4_ipv6_through_a_router"]=80
+    ["test_fleet_two_nodes_behind_ecmp_lose_no_connection"]=80
+    ["test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean"]=80
+    ["test_encap_health_check_takes_a_stopped_backend_out"]=70
+    ["test_load_two_nodes_reading_the_same_agents_agree"]=70
+    ["test_health_http_checks_honour_the_status_range"]=60
+    ["test_dashboard_every_panel_query_returns_data"]=50
+    ["test_health_a_stopped_backend_leaves_and_comes_back"]=50
+    ["test_metrics_prometheus_and_the_status_page"]=50
+    ["test_encap_reload_moves_l2_to_ipip_under_traffic"]=40
+    ["test_encap_tracked_connections_survive_a_reweight"]=40
+    ["test_udp_and_ipv6_end_to_end"]=40
+    ["test_conntrack_keeps_established_connections_through_pool_changes"]=30
+    ["test_health_a_flapping_backend_does_not_churn_the_table"]=30
+    ["test_long_lived_connections_survive_a_reload"]=30
+    ["test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes"]=30
+    ["test_encap_path_mtu_works_because_icmp_reaches_the_backend"]=20
+    ["test_load_slow_start_and_what_agents_say"]=20
 )
 
 # Tests that need longer than TEST_TIMEOUT: the package test builds a Debian root with
@@ -115,46 +163,12 @@ if [ "${1:-}" = --one ]; then
 fi
 
 # Tests that fail now and then on a 2-core machine run a second time when they fail; a second
-# failure fails, and every retry is named in the summary. The SYN flood (guard on): 5 of 30 runs
-# failed on 2026-12-01 on an idle machine, a held connection stalling past the client's 3 s or
-# 1-2% of new handshakes failing under about 400,000 packets a second, with lb evicting nothing;
-# the test has since been given longer waits, asserts that lb drops nothing, and prints what the
-# test's own network lost (docs/testing.md says more). Whether the retry is still needed is for
-# runs on an idle machine to show.
+# failure fails, and every retry is named in the summary.
+# The SYN flood (guard on): 5 of 30 runs failed on 2026-12-01 on an idle machine, a held
+# connection stalling past the client's 3 s or 1-2% of new handshakes failing under about 400,000
+# packets a second, with lb evicting nothing; docs/testing.md says more.
 RETRY_ONCE=("test_conntrack_a_syn_flood_breaks_no_established_connection native on")
 
-passed=0
-failed=()
-retried=()
-for t in "${TESTS[@]}"; do
-    if [ $# -gt 0 ]; then
-        match=0
-        for f in "$@"; do [[ "$t" == *"$f"* ]] && match=1; done
-        [ $match = 1 ] || continue
-    fi
-    started=$(date +%s%N)
-    echo "== ${t/ / (}):"
-    limit=${TIMEOUTS[$t]:-$TEST_TIMEOUT}
-    timeout -s TERM "$limit" "$0" --one "$t"
-    rc=$?
-    if [ $rc -ne 0 ] && [[ " ${RETRY_ONCE[*]} " == *" $t "* ]]; then
-        echo "   failed once; a second run decides (RETRY_ONCE in scripts/e2e.sh says why)"
-        retried+=("$t")
-        timeout -s TERM "$limit" "$0" --one "$t"
-        rc=$?
-    fi
-    ms=$((($(date +%s%N) - started) / 1000000))
-    took="$((ms / 1000)).$((ms % 1000 / 100))"
-    if [ $rc -eq 0 ]; then
-        echo "   ok (${took}s)"
-        passed=$((passed + 1))
-    else
-        [ $rc -eq 124 ] && echo "   timed out after ${limit}s"
-        echo "   FAILED (${took}s)"
-        failed+=("$t")
-    fi
-done
-echo "e2e: $passed passed, ${#failed[@]} failed"
-for t in "${retried[@]}"; do echo "  failed once, then ran again: $t"; done
-for t in "${failed[@]}"; do echo "  failed: $t"; done
-[ ${#failed[@]} -eq 0 ]
+# shellcheck source=scripts/e2e/runner.sh
+source scripts/e2e/runner.sh
+run_suite "$@"

@@ -89,10 +89,11 @@ reload_without_web() {
     wait_log "dns changed" 1
 }
 
-# Per-test state: PREFIX (of the test's namespaces, from STEM and this process), WORK (a
-# scratch directory). TEARDOWN runs on every exit; a timeout's TERM exits with 124.
+# Per-test state: PREFIX (of the test's namespaces: STEM, this process's id, a dash and a random
+# number, so that no two tests running side by side can have the same) and WORK (a scratch
+# directory). TEARDOWN runs on every exit; a timeout's TERM exits with 124.
 begin_test() { # STEM TEARDOWN
-    PREFIX="$1$$${RANDOM}"
+    PREFIX="$1$$-${RANDOM}"
     WORK=$(mktemp -d /tmp/lb-e2e.XXXXXX)
     # shellcheck disable=SC2064 # the handler's name is fixed now, on purpose
     trap "background_down; $2" EXIT

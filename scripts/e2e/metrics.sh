@@ -103,7 +103,8 @@ EOF
 
     # The status page in headless Chromium: every service and backend with its health, the
     # escaped name, and a screenshot for people to look at.
-    local chrome=(chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars)
+    # A profile of its own: another Chromium running beside this test must not share it.
+    local chrome=(chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars --user-data-dir="$WORK/chromium")
     timeout 60 ip netns exec "$PREFIX-lb" "${chrome[@]}" --dump-dom http://127.0.0.1:9100/ >"$WORK/dom.html" 2>"$WORK/chrome.log" \
         || { tail -5 "$WORK/chrome.log" >&2; fail "chromium --dump-dom"; }
     local s

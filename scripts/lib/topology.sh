@@ -121,7 +121,11 @@ topo_down() {
         rm -f "/tmp/$p.pids"
     fi
     rm -f "/tmp/$p"-b*.pid "/tmp/$p"-b*.status "/tmp/$p"-b*.decap.log
-    for ns in $(ip netns list | awk '{print $1}' | grep -E "^$p-" || true); do
+    # The names under /run/netns, not `ip netns list`: that asks the kernel about every namespace
+    # and complains of those another test is deleting at the same moment.
+    for ns in /run/netns/"$p"-*; do
+        [ -e "$ns" ] || continue
+        ns=${ns##*/}
         ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
     done
