@@ -182,10 +182,12 @@ last_counter() { # NAME
 xdp_attached() { ip -n "$PREFIX-lb" -d link show dev eth0 | grep -q 'prog/xdp'; }
 xdp_detached() { ! xdp_attached; }
 
+# probe and hold_open run on CPU CLIENT_CPU when it is set (the floods keep the clients' packets
+# on a CPU and a receive queue of lb's other than the flood's: conntrack.sh).
 probe() { # OUT ARGS...  (in the client namespace)
     local out=$1
     shift
-    ip netns exec "$PREFIX-client" "$E2E" probe "$@" >"$out" 2>>"$WORK/probe.log"
+    ip netns exec "$PREFIX-client" ${CLIENT_CPU:+taskset -c "$CLIENT_CPU"} "$E2E" probe "$@" >"$out" 2>>"$WORK/probe.log"
 }
 
 # Every flow in FLOWS is on the backend that CONFIG's table (the test's pool by default) gives
@@ -247,7 +249,7 @@ hold_open() { # SOURCES CONNECTIONS SECONDS [HOLD ARGS...]
     local sources=$1 n=$2 secs=$3
     shift 3
     rm -f "$WORK/ready"
-    ip netns exec "$PREFIX-client" "$E2E" hold --vip 10.99.0.100 --port "${HOLD_PORT:-80}" --sources "$sources" \
+    ip netns exec "$PREFIX-client" ${CLIENT_CPU:+taskset -c "$CLIENT_CPU"} "$E2E" hold --vip 10.99.0.100 --port "${HOLD_PORT:-80}" --sources "$sources" \
         --connections "$n" --seconds "$secs" --ready-file "$WORK/ready" "$@" 2>"$WORK/hold.log" &
     HOLD=$!
     wait_until "${HOLD_TRIES:-100}" 0.05 test -f "$WORK/ready" || { cat "$WORK/hold.log" >&2; fail "connections did not open"; }

@@ -11,7 +11,8 @@
 #   topo_up PREFIX N MODE     MODE native: XDP_PASS on the lb's bridge-side peer (without it
 #                             native XDP_TX frames are dropped there) and the client's TX
 #                             checksum offload off (native XDP on veth does not complete it);
-#                             MODE generic needs neither
+#                             MODE generic needs neither. TOPO_LB_QUEUES gives the lb's link
+#                             that many queues each way (default 1)
 #   topo_down PREFIX          kills the servers, deletes the namespaces; safe to call twice
 #   topo_add_backend PREFIX I adds backend I to a running topology
 # Needs root, iproute2, ethtool, and target/release/examples/e2e (cargo build --release --examples).
@@ -40,12 +41,13 @@ topo_bench_pair() {
     LMAC=$(ip -n "$l" link show eth0 | awk '/ether/{print $2}')
 }
 
-# topo_link PREFIX NAME: a namespace PREFIX-NAME whose eth0 is a port of the bridge.
+# topo_link PREFIX NAME [QUEUES]: a namespace PREFIX-NAME whose eth0 is a port of the bridge,
+# with QUEUES queues each way on both ends (default 1).
 topo_link() {
-    local p=$1 name=$2
+    local p=$1 name=$2 q=${3:-1}
     ip netns add "$p-$name"
     ip -n "$p-$name" link set lo up
-    ip link add eth0 netns "$p-$name" type veth peer name "p-$name" netns "$p-sw"
+    ip link add eth0 netns "$p-$name" numtxqueues "$q" numrxqueues "$q" type veth peer name "p-$name" netns "$p-sw" numtxqueues "$q" numrxqueues "$q"
     ip -n "$p-sw" link set "p-$name" master br0 up
     ip -n "$p-$name" link set eth0 up
 }
@@ -95,7 +97,7 @@ topo_up() {
     topo_link "$p" client
     for a in ${TOPO_CLIENTS4//,/ }; do ip -n "$p-client" addr add "$a/24" dev eth0; done
     for a in ${TOPO_CLIENTS6//,/ }; do ip -n "$p-client" addr add "$a/64" dev eth0 nodad; done
-    topo_link "$p" lb
+    topo_link "$p" lb "${TOPO_LB_QUEUES:-1}"
     ip -n "$p-lb" addr add 10.99.0.2/24 dev eth0
     ip -n "$p-lb" addr add "$TOPO_VIP4/32" dev eth0
     ip -n "$p-lb" addr add fd99::2/64 dev eth0 nodad
