@@ -180,6 +180,8 @@ last_counter() { # NAME
 }
 
 xdp_attached() { ip -n "$PREFIX-lb" -d link show dev eth0 | grep -q 'prog/xdp'; }
+# How the program on lb's eth0 runs, as ip link names it: xdp (native), xdpgeneric, or nothing.
+xdp_mode() { ip -n "$PREFIX-lb" link show dev eth0 | grep -o ' xdp[a-z]* ' | tr -d ' '; }
 xdp_detached() { ! xdp_attached; }
 
 # probe and hold_open run on CPU CLIENT_CPU when it is set (the floods keep the clients' packets

@@ -5,6 +5,10 @@ test_sigterm_and_kill_leave_the_interface_clean() { # MODE
     setup "$1"
     start_lb "$1"
     xdp_attached || fail "no program while lb runs"
+    # Attached in the mode asked for: ip link says xdp for native (the driver's), xdpgeneric.
+    local want=xdp
+    [ "$1" = native ] || want=xdpgeneric
+    [ "$(xdp_mode)" = "$want" ] || fail "--xdp-mode $1 attached the program as $(xdp_mode), not $want"
     local rc=0
     stop_lb TERM || rc=$?
     [ "$rc" -eq 0 ] || fail "SIGTERM exit status $rc"
