@@ -35,18 +35,22 @@ cg_cpu_ns() { # DIR
     fi
 }
 
-# Ends whatever is left in cgroup DIR and removes it; prints what was left, if anything.
+# The processes of cgroup DIR (its cgroup.procs reads as empty-sized: test its content).
+cg_procs() { cat "$1/cgroup.procs" 2>/dev/null; }
+
+# Ends whatever is left in cgroup DIR and removes it; prints what was left, if anything. A
+# process still exiting (killed by the test's teardown) has 5 s to go before it counts as left.
 cg_end() { # DIR
     local dir=$1 left pid
     [ -d "$dir" ] || return 0
-    for _ in $(seq 1 40); do
-        [ -s "$dir/cgroup.procs" ] || break
+    for _ in $(seq 1 100); do
+        [ -n "$(cg_procs "$dir")" ] || break
         sleep 0.05
     done
-    left=$(xargs -r ps -o comm= -p <"$dir/cgroup.procs" 2>/dev/null | sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}')
+    left=$(cg_procs "$dir" | xargs -r ps -o comm= -p 2>/dev/null | sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}')
     for _ in $(seq 1 40); do
-        [ -s "$dir/cgroup.procs" ] || break
-        while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done <"$dir/cgroup.procs"
+        [ -n "$(cg_procs "$dir")" ] || break
+        for pid in $(cg_procs "$dir"); do kill -9 "$pid" 2>/dev/null || true; done
         sleep 0.05
     done
     rmdir "$dir" 2>/dev/null || true
