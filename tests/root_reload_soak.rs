@@ -156,6 +156,7 @@ fn root_thousands_of_reloads_under_traffic_and_health_flaps_leak_nothing() {
     let mut rss = Vec::new();
     let mut seen_ids: BTreeSet<u32> = BTreeSet::new();
     let started = Instant::now();
+    let live = Live::new(prog);
     for round in 0..reloads {
         let bad = round % 7 == 6;
         let next = if bad {
@@ -180,7 +181,7 @@ fn root_thousands_of_reloads_under_traffic_and_health_flaps_leak_nothing() {
             good = parse_str("pool.yaml", &text).expect("valid");
         }
         // The tables serve the last good pool exactly (hc's follow its health; not compared).
-        if let Err(e) = serves(prog, &good, &static_backend_mac, &["hc"]) {
+        if let Err(e) = serves_live(&live, &good, &static_backend_mac, &["hc"]) {
             let log = lb.seen.iter().rev().take(12).rev().cloned().collect::<Vec<_>>().join("\n");
             panic!("round {round} ({}): {e}\nfile:\n{text}\nlb's last lines:\n{log}", if bad { "after a refused file" } else { "after a reload" });
         }
@@ -188,7 +189,7 @@ fn root_thousands_of_reloads_under_traffic_and_health_flaps_leak_nothing() {
             rss.push((round, rss_kib(pid)));
         }
         if round % 100 == 0 {
-            seen_ids.extend(backend_ids(&Live::new(prog)));
+            seen_ids.extend(backend_ids(&live));
         }
     }
     stop.store(true, Ordering::Relaxed);

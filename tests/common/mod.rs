@@ -261,15 +261,66 @@ pub struct Live {
 impl Live {
     pub fn new(prog_id: u32) -> Live {
         use libbpf_rs::MapCore;
+        use std::os::fd::{AsFd, AsRawFd};
         let prog = libbpf_rs::ProgramHandle::from_prog_id(prog_id).expect("program by id");
-        let info: serde_json::Value =
-            serde_json::from_str(&sh(&["bpftool", "-j", "prog", "show", "id", &prog_id.to_string()])).expect("bpftool json");
+        // The program's map ids, asked of the kernel (twice: how many, then which).
+        let fd = prog.as_fd().as_raw_fd();
+        let info_of = |info: &mut libbpf_rs::libbpf_sys::bpf_prog_info| {
+            let mut len = std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_prog_info>() as u32;
+            // SAFETY: `info` is a writable bpf_prog_info of `len` bytes; its only pointer
+            // (map_ids) is null or names a buffer of nr_map_ids u32s that outlives the call.
+            let rc = unsafe { libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(fd, info, &mut len) };
+            assert_eq!(rc, 0, "bpf_prog_get_info_by_fd: {}", std::io::Error::last_os_error());
+        };
+        let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+        info_of(&mut info);
+        let mut ids = vec![0u32; info.nr_map_ids as usize];
+        info = libbpf_rs::libbpf_sys::bpf_prog_info { nr_map_ids: ids.len() as u32, map_ids: ids.as_mut_ptr() as u64, ..Default::default() };
+        info_of(&mut info);
+        ids.truncate(info.nr_map_ids as usize);
         let mut maps = std::collections::HashMap::new();
-        for id in info["map_ids"].as_array().expect("map_ids").iter().filter_map(|v| v.as_u64()) {
-            let m = libbpf_rs::MapHandle::from_map_id(id as u32).expect("map by id");
+        for id in ids {
+            let m = libbpf_rs::MapHandle::from_map_id(id).expect("map by id");
             maps.insert(m.name().to_string_lossy().into_owned(), m);
         }
         Live { prog, maps }
+    }
+
+    /// The values of keys `first` to `first + n - 1` of the array map `name`, read in one batch:
+    /// one system call, where a lookup a key takes one each (the reload soak reads its tables
+    /// after every one of thousands of reloads).
+    pub fn array_range(&self, name: &str, first: u32, n: u32) -> Vec<u8> {
+        use libbpf_rs::MapCore;
+        use std::os::fd::{AsFd, AsRawFd};
+        let map = self.map(name);
+        let size = map.value_size() as usize;
+        let mut keys = vec![0u32; n as usize];
+        let mut values = vec![0u8; n as usize * size];
+        let mut count = n;
+        // A batch starts after the key in_batch names (none: at the first).
+        let mut after = first.wrapping_sub(1);
+        let mut next = 0u32;
+        let opts = libbpf_rs::libbpf_sys::bpf_map_batch_opts { sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_batch_opts>() as _, ..Default::default() };
+        // SAFETY: keys and values have room for `count` keys (u32, an array's) and values of the
+        // map's value size; in_batch is null or a u32 key, out_batch a u32 the kernel writes.
+        // Everything outlives the call.
+        let rc = unsafe {
+            libbpf_rs::libbpf_sys::bpf_map_lookup_batch(
+                map.as_fd().as_raw_fd(),
+                if first == 0 { std::ptr::null_mut() } else { (&mut after as *mut u32).cast() },
+                (&mut next as *mut u32).cast(),
+                keys.as_mut_ptr().cast(),
+                values.as_mut_ptr().cast(),
+                &mut count,
+                &opts,
+            )
+        };
+        // A batch that reaches the array's end answers ENOENT, with what there was.
+        let err = std::io::Error::last_os_error();
+        assert!(rc == 0 || err.raw_os_error() == Some(libc::ENOENT), "bpf_map_lookup_batch of {name}: {err}");
+        assert_eq!(count, n, "{name}: {count} of {n} values read from key {first}");
+        assert_eq!(keys.first().copied().unwrap_or(first), first, "{name}: the batch began elsewhere");
+        values
     }
 
     fn map(&self, name: &str) -> &libbpf_rs::MapHandle {
@@ -331,16 +382,12 @@ impl Live {
         let (base, slots, _) = self.route(vip, port, proto)?;
         let mut macs = std::collections::HashMap::new();
         let mut out = Vec::with_capacity(slots as usize);
-        let mut pair_at = u32::MAX;
-        let mut pair = vec![0u8; 8];
+        // The slots, 4 bytes each, two to a value of table_slots.
+        let words = if slots == 0 { Vec::new() } else { self.array_range("table_slots", base / 2, (base + slots - 1) / 2 - base / 2 + 1) };
         for s in base..base + slots {
-            if s / 2 != pair_at {
-                pair_at = s / 2;
-                pair = self.map("table_slots").lookup(&pair_at.to_ne_bytes(), MapFlags::ANY).expect("lookup").expect("in range");
-            }
-            let at = (s % 2) as usize * 4;
+            let at = (s - base / 2 * 2) as usize * 4;
             // A slot's word: the backend id, and its state bits above (lb.h, lb_slot_bits).
-            let id = u32::from_ne_bytes(pair[at..at + 4].try_into().expect("u32")) & lb::dataplane::types::lb_slot_bits::LB_SLOT_ID_MASK.0;
+            let id = u32::from_ne_bytes(words[at..at + 4].try_into().expect("u32")) & lb::dataplane::types::lb_slot_bits::LB_SLOT_ID_MASK.0;
             let mac = *macs.entry(id).or_insert_with(|| {
                 let rec = self.map("backends").lookup(&id.to_ne_bytes(), MapFlags::ANY).expect("lookup").expect("record");
                 (id != 0 && rec[6] & 1 == 1).then(|| rec[..6].try_into().expect("mac"))
@@ -354,8 +401,12 @@ impl Live {
 /// Whether the program `prog_id` serves exactly `pool`, table by table, slot by slot, as the
 /// builder computes it (`mac` gives each backend's MAC); services named in `skip` are not checked.
 pub fn serves(prog_id: u32, pool: &lb::config::Pool, mac: &dyn Fn(std::net::IpAddr) -> [u8; 6], skip: &[&str]) -> Result<(), String> {
+    serves_live(&Live::new(prog_id), pool, mac, skip)
+}
+
+/// `serves`, on a program already opened: for a test that asks again and again of one program.
+pub fn serves_live(live: &Live, pool: &lb::config::Pool, mac: &dyn Fn(std::net::IpAddr) -> [u8; 6], skip: &[&str]) -> Result<(), String> {
     use lb::table;
-    let live = Live::new(prog_id);
     for s in pool.services.iter().filter(|s| !skip.contains(&s.name.as_str())) {
         let t = table::build_service(s);
         let want: Vec<Option<[u8; 6]>> = t.owners().iter().map(|&o| (o != table::EMPTY).then(|| mac(s.backends[o as usize].address))).collect();
