@@ -3,7 +3,7 @@
 #
 #   scripts/setup.sh            building lb and running the demo (the default)
 #   scripts/setup.sh test       that, and what the tests use: bpftool, strace, curl, Prometheus,
-#                               Chromium, BIRD, fish, zsh, man
+#                               Chromium, BIRD, fish, zsh, man; cargo-nextest when missing
 #   scripts/setup.sh package    that, and what making and testing the Debian package needs:
 #                               cargo-deb, lintian, debootstrap, systemd-container
 #
@@ -70,6 +70,13 @@ if ! command -v cargo >/dev/null 2>&1; then
         curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
     }
     export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+if ((level >= 1)) && ! cargo nextest --version >/dev/null 2>&1; then
+    # The Rust tests run under cargo-nextest (.config/nextest.toml): each in a process of its
+    # own, several at once, each with its time.
+    echo "setup: installing cargo-nextest (a few minutes, once)" >&2
+    cargo install --quiet --locked cargo-nextest
 fi
 
 if ((level >= 2)); then

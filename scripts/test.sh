@@ -1,35 +1,88 @@
 #!/usr/bin/env bash
-# The README's test command: set up, then run every test.
-# Tests that need root live in tests/root_*.rs and run as their own group; the rest run anywhere.
+# The README's test command, and CI's (.ci/run): set up, build, then run every test, stopping after
+# the first phase that fails:
+#   1. the tests that need no root (cargo nextest), and each benchmark once, quickly;
+#   2. the root tests (tests/root_*.rs: the real XDP program, lb attach in network namespaces);
+#   3. the Debian package (scripts/package.sh) and the end-to-end suite (scripts/e2e.sh).
+# Ends with how long each phase took, and each end-to-end test (the Rust tests' times are on their
+# own lines, and the slowest are listed again at the end). docs/testing.md says more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh package
 export PATH="$HOME/.cargo/bin:$PATH"
 
-plain=()
-for t in tests/*.rs; do
-    name=$(basename "$t" .rs)
-    case "$name" in root_*) ;; *) plain+=(--test "$name") ;; esac
-done
-echo "== tests that need no root (config, tables, diff, CLI; benches build and run once, quickly)"
-cargo test --release --lib --bins --benches "${plain[@]}"
+LOGS=target/test-logs
+# The phases so far, "MILLISECONDS NAME", and the one running.
+PHASES=()
+PHASE=
+PHASE_T0=
+phase() { # [NAME]: ends the phase running; starts NAME
+    local now
+    now=$(date +%s%N)
+    [ -z "$PHASE" ] || PHASES+=("$(((now - PHASE_T0) / 1000000)) $PHASE")
+    PHASE=${1:-}
+    PHASE_T0=$now
+    [ -z "$PHASE" ] || echo "== $PHASE"
+}
+report() {
+    local rc=$? p ms total=0
+    phase
+    echo
+    echo "test.sh: where the time went"
+    for p in "${PHASES[@]}"; do
+        ms=${p%% *}
+        total=$((total + ms))
+        printf '  %6d s  %s\n' $((ms / 1000)) "${p#* }"
+    done
+    printf '  %6d s  in all (%s)\n' $((total / 1000)) "$([ $rc -eq 0 ] && echo passed || echo "FAILED, exit $rc")"
+    if [ -f "$LOGS/nextest.log" ]; then
+        echo "test.sh: the slowest Rust tests"
+        grep -E '^ *PASS \[' "$LOGS/nextest.log" | sed 's/^ *PASS \[ *\([0-9.]*\)s\] *([0-9/ ]*)/\1/' | sort -rn | head -12 |
+            awk '{printf "  %8.1f s  %s %s\n", $1, $2, $3}'
+    fi
+}
+trap report EXIT
+
+phase "setup: the packages the tests use (scripts/setup.sh test)"
+scripts/setup.sh test
+mkdir -p "$LOGS"
+: >"$LOGS/nextest.log"
+# The package's own tools (scripts/setup.sh package: lintian, debootstrap, systemd-container, and
+# cargo-deb, which compiles for about a minute and a half) install meanwhile, at the lowest
+# priority: they take what CPU the tests leave idle, and the package step waits for them.
+nice -n 19 scripts/setup.sh package >"$LOGS/setup-package.log" 2>&1 &
+package_tools=$!
+
+phase "build: lb, its tests and examples; the upgrade test's second build; the QUIC-LB test's server"
+cargo build --release --bins --examples
+cargo nextest run --release --no-run
+cargo test --release --no-run --benches
+cargo test --release --no-run --features quinn --lib
+# The upgrade test needs a second build whose map layout differs (cargo feature layout-test),
+# which replaces target/release/lb until the build after it.
+cargo build --release --features layout-test --bin lb
+cp target/release/lb target/release/lb-layout-test
+cargo build --release --bins
+# The QUIC-LB test's quinn server and client: a crate of its own (tools/quic-echo).
+cargo build --release -p quic-echo
+
+phase "tests that need no root (config, tables, diff, CLI, layout, docs)"
+cargo nextest run --release --no-fail-fast -E 'not binary(/^root_/)' 2>&1 | tee -a "$LOGS/nextest.log"
 # The QUIC-LB generator for quinn servers is behind the cargo feature quinn.
 cargo test --release --features quinn --lib quic_lb
 
-echo "== tests that need root (packet fixtures through BPF_PROG_TEST_RUN; lb attach in network namespaces)"
+phase "benchmarks, each once, quickly (cargo test --benches)"
+cargo test --release --benches
+
 if [ "$(id -u)" -ne 0 ]; then
-    echo "test.sh: the root_* tests need root; run scripts/test.sh as root (CI does)" >&2
+    echo "test.sh: the root tests and the end-to-end suite need root; run scripts/test.sh as root (CI does)" >&2
     exit 1
 fi
-cargo test --release --test 'root_*'
+phase "root tests (tests/root_*.rs: packet fixtures through BPF_PROG_TEST_RUN, lb attach in namespaces)"
+cargo nextest run --release --no-fail-fast -E 'binary(/^root_/)' 2>&1 | tee -a "$LOGS/nextest.log"
 
-echo "== end-to-end: real clients and servers in network namespaces, native and generic XDP"
-# The upgrade test needs a second build whose map layout differs (cargo feature layout-test).
-cargo build --release --features layout-test --bin lb
-cp target/release/lb target/release/lb-layout-test
-cargo build --release --bins --examples
-# The QUIC-LB test's quinn server and client: a crate of its own (tools/quic-echo).
-cargo build --release -p quic-echo
-# The package test installs the Debian package this build makes (README, "Install").
+phase "the Debian package (scripts/package.sh), once its tools are installed"
+wait "$package_tools" || { cat "$LOGS/setup-package.log" >&2; echo "test.sh: scripts/setup.sh package failed" >&2; exit 1; }
 scripts/package.sh
+
+phase "end-to-end: real clients, servers, routers in network namespaces (scripts/e2e.sh)"
 scripts/e2e.sh
