@@ -8,6 +8,8 @@
 #   scripts/e2e.sh NAME...         only tests whose name (with its arguments) contains a NAME
 #   V=1 scripts/e2e.sh             show lb's log and the checks' tables
 #   E2E_CAPACITY=1 scripts/e2e.sh  one test at a time
+#   E2E_MODES=native scripts/e2e.sh only the runs in those XDP modes
+#   scripts/e2e.sh --list [NAME...] the tests that would run, one a line
 #
 # Needs root and the release build (cargo build --release --bins --examples, and
 # cargo build --release -p quic-echo for the QUIC-LB test). Exit status: 0
@@ -144,6 +146,15 @@ declare -A TIMEOUTS=(
     ["test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"]=360
 )
 
+# shellcheck source=scripts/e2e/runner.sh
+source scripts/e2e/runner.sh
+if [ "${1:-}" = --list ]; then
+    shift
+    select_tests "$@"
+    printf '%s\n' "${SELECTED[@]}"
+    exit 0
+fi
+
 if [ "$(id -u)" -ne 0 ]; then
     echo "e2e.sh: needs root (network namespaces, XDP)" >&2
     exit 1
@@ -165,6 +176,4 @@ fi
 # (scripts/e2e/conntrack.sh), and it passed 12 runs of 12 with nothing dropped outside lb.
 RETRY_ONCE=()
 
-# shellcheck source=scripts/e2e/runner.sh
-source scripts/e2e/runner.sh
 run_suite "$@"

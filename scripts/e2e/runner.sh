@@ -149,22 +149,33 @@ job_reap() {
     RESULTS+=("$ms $(printf '%8ss %7ss  %-6s %s' "$(secs "$ms")" "$cpu" "$status" "$t")")
 }
 
-# Runs every test whose entry contains one of FILTERS (all without filters): first those that
-# run alone, one by one, then the others side by side as their weights allow, each group in the
-# order of TESTS. Exit status 0 when all passed.
-run_suite() { # [FILTERS...]
-    local t f match i started netns_before leaked
+# SELECTED: the entries of TESTS that contain one of FILTERS (all without filters) and, when
+# E2E_MODES is set, whose mode (the first argument) is one of its words.
+select_tests() { # [FILTERS...]
+    local t f match
     SELECTED=()
-    WEIGHTS=()
     for t in "${TESTS[@]}"; do
+        if [ -n "${E2E_MODES:-}" ]; then
+            f=${t#* }
+            [[ " $E2E_MODES " == *" ${f%% *} "* ]] || continue
+        fi
         if [ $# -gt 0 ]; then
             match=0
             for f in "$@"; do [[ "$t" == *"$f"* ]] && match=1; done
             [ $match = 1 ] || continue
         fi
         SELECTED+=("$t")
-        WEIGHTS+=("$(weight_of "$t")")
     done
+}
+
+# Runs every test whose entry contains one of FILTERS (all without filters): first those that
+# run alone, one by one, then the others side by side as their weights allow, each group in the
+# order of TESTS. Exit status 0 when all passed.
+run_suite() { # [FILTERS...]
+    local t i started netns_before leaked
+    select_tests "$@"
+    WEIGHTS=()
+    for t in "${SELECTED[@]}"; do WEIGHTS+=("$(weight_of "$t")"); done
     RUN=$(mktemp -d /tmp/lb-e2e-run.XXXXXX)
     runner_cgroups
     # shellcheck disable=SC2064 # the directories are fixed now
