@@ -170,7 +170,8 @@ select_tests() { # [FILTERS...]
 
 # Runs every test whose entry contains one of FILTERS (all without filters): first those that
 # run alone, one by one, then the others side by side as their weights allow, each group in the
-# order of TESTS. Exit status 0 when all passed.
+# order of TESTS, a later test starting first when it fits and an earlier one does not yet. Exit
+# status 0 when all passed.
 run_suite() { # [FILTERS...]
     local t i started netns_before leaked
     select_tests "$@"
@@ -188,10 +189,20 @@ run_suite() { # [FILTERS...]
         job_start "$i"
         job_reap
     done
+    # The others: whenever room is free, the first waiting test that fits starts (a long one that
+    # does not fit yet does not hold back the short ones behind it).
+    local waiting=() rest
     for i in "${!SELECTED[@]}"; do
-        [ "${WEIGHTS[$i]}" -le "$E2E_CAPACITY" ] || continue
-        while [ "$RUNNING" -gt 0 ] && [ $((BUSY + WEIGHTS[i])) -gt "$E2E_CAPACITY" ]; do job_reap; done
-        job_start "$i"
+        [ "${WEIGHTS[$i]}" -gt "$E2E_CAPACITY" ] || waiting+=("$i")
+    done
+    while [ ${#waiting[@]} -gt 0 ]; do
+        rest=()
+        for i in "${waiting[@]}"; do
+            if [ $((BUSY + WEIGHTS[i])) -le "$E2E_CAPACITY" ]; then job_start "$i"; else rest+=("$i"); fi
+        done
+        waiting=(${rest[@]+"${rest[@]}"})
+        # Room is made only by a test that ends (with none running, every waiting test fits).
+        [ ${#waiting[@]} -eq 0 ] || job_reap
     done
     while [ "$RUNNING" -gt 0 ]; do job_reap; done
     local ms sum=0 r
