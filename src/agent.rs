@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn a_process_is_measured_by_its_cpu_clock_and_is_down_once_gone() {
         let mut busy = std::process::Command::new("sh")
-            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 30"])
+            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec sleep 30"])
             .spawn()
             .expect("sh");
         let meter = Meter::new(busy.id()).expect("a meter");
