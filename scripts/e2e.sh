@@ -140,10 +140,11 @@ declare -A WEIGHT=(
     ["test_load_slow_start_and_what_agents_say"]=20
 )
 
-# Tests that need longer than TEST_TIMEOUT: the package test builds a Debian root with
+# Tests that need longer than TEST_TIMEOUT: the package test installs its tools and makes the
+# package (cargo-deb compiles for half a minute the first time), builds a Debian root with
 # debootstrap (about 40 s here) and boots systemd in it.
 declare -A TIMEOUTS=(
-    ["test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"]=360
+    ["test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"]=600
 )
 
 # shellcheck source=scripts/e2e/runner.sh

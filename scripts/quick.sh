@@ -27,15 +27,14 @@ fi
 
 echo "== build"
 # What the selected end-to-end tests need beyond lb and its examples: the upgrade test's second
-# build (which replaces target/release/lb until the build after it), the QUIC-LB test's server,
-# the package.
+# build (which replaces target/release/lb until the build after it) and the QUIC-LB test's
+# server. (The package test makes its package itself.)
 if grep -q '^test_pin_' <<<"$selected"; then
     cargo build --release --features layout-test --bin lb
     cp target/release/lb target/release/lb-layout-test
 fi
 cargo build --release --bins --examples
 if grep -q '^test_quic_' <<<"$selected"; then cargo build --release -p quic-echo; fi
-if grep -q '^test_package_' <<<"$selected"; then scripts/package.sh; fi
 
 echo "== Rust tests, but the reload soak and the packet fuzzer"
 cargo nextest run --release --no-fail-fast -E 'not (binary(root_reload_soak) | binary(root_fuzz_packets))'

@@ -3,7 +3,8 @@
 # the first phase that fails:
 #   1. the tests that need no root (cargo nextest), and each benchmark once, quickly;
 #   2. the root tests (tests/root_*.rs: the real XDP program, lb attach in network namespaces);
-#   3. the Debian package (scripts/package.sh) and the end-to-end suite (scripts/e2e.sh).
+#   3. the end-to-end suite (scripts/e2e.sh), whose package test installs the package's tools
+#      and makes the package (scripts/package.sh) when it runs.
 # Ends with how long each phase took, and each end-to-end test (the Rust tests' times are on their
 # own lines, and the slowest are listed again at the end). docs/testing.md says more.
 set -euo pipefail
@@ -46,11 +47,6 @@ phase "setup: the packages the tests use (scripts/setup.sh test)"
 scripts/setup.sh test
 mkdir -p "$LOGS"
 : >"$LOGS/nextest.log"
-# The package's own tools (scripts/setup.sh package: lintian, debootstrap, systemd-container, and
-# cargo-deb, which compiles for about a minute and a half) install meanwhile, at the lowest
-# priority: they take what CPU the tests leave idle, and the package step waits for them.
-nice -n 19 scripts/setup.sh package >"$LOGS/setup-package.log" 2>&1 &
-package_tools=$!
 
 phase "build: lb, its tests and examples; the upgrade test's second build; the QUIC-LB test's server"
 cargo build --release --bins --examples
@@ -79,10 +75,6 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 phase "root tests (tests/root_*.rs: packet fixtures through BPF_PROG_TEST_RUN, lb attach in namespaces)"
 cargo nextest run --release --no-fail-fast -E 'binary(/^root_/)' 2>&1 | tee -a "$LOGS/nextest.log"
-
-phase "the Debian package (scripts/package.sh), once its tools are installed"
-wait "$package_tools" || { cat "$LOGS/setup-package.log" >&2; echo "test.sh: scripts/setup.sh package failed" >&2; exit 1; }
-scripts/package.sh
 
 phase "end-to-end: real clients, servers, routers in network namespaces (scripts/e2e.sh)"
 scripts/e2e.sh
