@@ -62,6 +62,7 @@ conntrack_flood() { # MODE GUARD KIND
     if [ "$(nproc)" -ge 2 ]; then
         ip netns exec "$PREFIX-sw" sh -c 'echo 1 >/sys/class/net/p-lb/queues/tx-0/xps_cpus && echo 2 >/sys/class/net/p-lb/queues/tx-1/xps_cpus' ||
             fail "XPS on the switch's port to lb"
+        # shellcheck disable=SC2034 # probe and hold_open (lib.sh) read it
         CLIENT_CPU=1
     fi
     flood_pool "$WORK/pool.yaml" "1:1 2:1 3:1" "$port" "$proto"
