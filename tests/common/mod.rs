@@ -267,8 +267,9 @@ impl Live {
         let fd = prog.as_fd().as_raw_fd();
         let info_of = |info: &mut libbpf_rs::libbpf_sys::bpf_prog_info| {
             let mut len = std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_prog_info>() as u32;
-            // SAFETY: `info` is a writable bpf_prog_info of `len` bytes; its only pointer
-            // (map_ids) is null or names a buffer of nr_map_ids u32s that outlives the call.
+            // SAFETY: `info` is a writable bpf_prog_info of `len` bytes; of its pointers, only
+            // map_ids is set (null, or a buffer of nr_map_ids u32s that outlives the call); the
+            // others are zero, which the kernel reads as "not asked for".
             let rc = unsafe { libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(fd, info, &mut len) };
             assert_eq!(rc, 0, "bpf_prog_get_info_by_fd: {}", std::io::Error::last_os_error());
         };
@@ -293,6 +294,12 @@ impl Live {
         use libbpf_rs::MapCore;
         use std::os::fd::{AsFd, AsRawFd};
         let map = self.map(name);
+        assert!(
+            map.map_type() == libbpf_rs::MapType::Array && map.key_size() == 4,
+            "{name}: array_range reads arrays (u32 keys), not a {:?} with {}-octet keys",
+            map.map_type(),
+            map.key_size()
+        );
         let size = map.value_size() as usize;
         let mut keys = vec![0u32; n as usize];
         let mut values = vec![0u8; n as usize * size];
@@ -301,9 +308,9 @@ impl Live {
         let mut after = first.wrapping_sub(1);
         let mut next = 0u32;
         let opts = libbpf_rs::libbpf_sys::bpf_map_batch_opts { sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_batch_opts>() as _, ..Default::default() };
-        // SAFETY: keys and values have room for `count` keys (u32, an array's) and values of the
-        // map's value size; in_batch is null or a u32 key, out_batch a u32 the kernel writes.
-        // Everything outlives the call.
+        // SAFETY: the map is an array (checked above), so its keys are u32: keys and values have
+        // room for `count` keys and values of the map's value size; in_batch is null or a u32
+        // key, out_batch a u32 the kernel writes. Everything outlives the call.
         let rc = unsafe {
             libbpf_rs::libbpf_sys::bpf_map_lookup_batch(
                 map.as_fd().as_raw_fd(),
