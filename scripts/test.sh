@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command, and CI's (.ci/run): set up, build, then run every test, stopping after
 # the first phase that fails:
-#   1. the tests that need no root (cargo nextest), and each benchmark once, quickly;
-#   2. the root tests (tests/root_*.rs: the real XDP program, lb attach in network namespaces);
-#   3. the end-to-end suite (scripts/e2e.sh), whose package test installs the package's tools
-#      and makes the package (scripts/package.sh) when it runs.
+#   1. the tests that need no root (cargo nextest);
+#   2. each benchmark once, quickly;
+#   3. the root tests (tests/root_*.rs: the real XDP program, lb attach in network namespaces);
+#   4. the end-to-end suite (scripts/e2e.sh), whose package test installs the package's tools
+#      and makes the package (scripts/package.sh --no-build) when it runs.
 # Ends with how long each phase took, and each end-to-end test (the Rust tests' times are on their
 # own lines, and the slowest are listed again at the end). docs/testing.md says more.
 set -euo pipefail
