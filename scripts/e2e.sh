@@ -152,7 +152,7 @@ source scripts/e2e/runner.sh
 if [ "${1:-}" = --list ]; then
     shift
     select_tests "$@"
-    printf '%s\n' "${SELECTED[@]}"
+    [ ${#SELECTED[@]} -eq 0 ] || printf '%s\n' "${SELECTED[@]}"
     exit 0
 fi
 

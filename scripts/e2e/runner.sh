@@ -35,8 +35,9 @@ cg_cpu_ns() { # DIR
     fi
 }
 
-# The processes of cgroup DIR (its cgroup.procs reads as empty-sized: test its content).
-cg_procs() { cat "$1/cgroup.procs" 2>/dev/null; }
+# The processes of cgroup DIR and of the cgroups below it (systemd-nspawn makes its own there);
+# cgroup.procs reads as empty-sized: its content tells.
+cg_procs() { find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null; }
 
 # Ends whatever is left in cgroup DIR and removes it; prints what was left, if anything. A
 # process still exiting (killed by the test's teardown) has 5 s to go before it counts as left.
@@ -53,6 +54,8 @@ cg_end() { # DIR
         for pid in $(cg_procs "$dir"); do kill -9 "$pid" 2>/dev/null || true; done
         sleep 0.05
     done
+    # The cgroups below it first (deepest first), then its own.
+    find "$dir" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
     rmdir "$dir" 2>/dev/null || true
     [ -z "$left" ] || echo "$left"
 }
@@ -107,6 +110,24 @@ PASSED=0
 FAILED=()
 RETRIED=()
 RESULTS=()
+
+# The runner was interrupted (Ctrl-C, or its own time bound): each running test is ended as its
+# time bound would end it (TERM, so that its trap tears its topology down), given 15 s, then
+# whatever is left in its cgroup is killed and the cgroups removed.
+runner_interrupted() {
+    local pid i
+    trap - INT TERM
+    echo "e2e: interrupted; ending the $RUNNING running tests" >&2
+    for pid in "${!JOB_OF[@]}"; do pkill -TERM -P "$pid" 2>/dev/null || true; done
+    for _ in $(seq 1 150); do
+        [ -n "$(jobs -pr)" ] || break
+        sleep 0.1
+    done
+    if [ -n "$RUN_CG" ]; then
+        for i in "${JOB_OF[@]}"; do cg_end "$RUN_CG/$i" >/dev/null; done
+    fi
+    exit 130
+}
 
 job_start() { # I
     local i=$1
@@ -181,9 +202,15 @@ run_suite() { # [FILTERS...]
     runner_cgroups
     # shellcheck disable=SC2064 # the directories are fixed now
     trap "rm -rf '$RUN'; [ -z '$RUN_CG' ] || rmdir '$RUN_CG' 2>/dev/null" EXIT
+    trap runner_interrupted INT TERM
+    if [ ${#SELECTED[@]} -eq 0 ]; then
+        echo "e2e: no test's name contains any of: $*${E2E_MODES:+ (in mode $E2E_MODES)}" >&2
+        return 2
+    fi
     netns_before=$(netns_names)
     started=$(date +%s%N)
     echo "e2e: ${#SELECTED[@]} tests, side by side up to $E2E_CAPACITY% of a CPU in all (those that need the machine alone first, by themselves)"
+    [ -n "$RUN_CG" ] || echo "e2e: no cgroup could be made here: the tests' CPU is not measured, nor what processes they leave behind"
     for i in "${!SELECTED[@]}"; do
         [ "${WEIGHTS[$i]}" -gt "$E2E_CAPACITY" ] || continue
         job_start "$i"
