@@ -52,7 +52,8 @@ done
 # adopting the program (sigterm_and_kill, pin); XDP_TX of what lb sends, as the generic path
 # sends it (3000_tcp for L2, encap_tcp_udp for IPIP and GUE, second_chance on for a backend's
 # sending on); and packets the stack merged or left to checksum offload, which only generic mode
-# sees (path_mtu, encap_tcp_udp). The rest is the same program deciding the same way in either
+# sees (path_mtu, encap_tcp_udp; quic on, whose quinn client may send several datagrams as one
+# UDP GSO packet). The rest is the same program deciding the same way in either
 # mode, and runs once.
 TESTS=(
     "test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"
@@ -65,6 +66,7 @@ TESTS=(
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection native"
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection native ipip"
     "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native on"
+    "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes generic on"
     "test_metrics_prometheus_and_the_status_page native"
     "test_conntrack_a_syn_flood_breaks_no_established_connection native on"
     "test_conntrack_a_syn_ack_flood_breaks_no_established_connection native"
