@@ -3,7 +3,8 @@
 #
 #   scripts/setup.sh            building lb and running the demo (the default)
 #   scripts/setup.sh test       that, and what the tests use: bpftool, strace, curl, Prometheus,
-#                               Chromium, BIRD, fish, zsh, man; cargo-nextest when missing
+#                               Chromium, BIRD, fish, zsh, man; cargo-nextest when missing or
+#                               older than .config/nextest.toml asks
 #   scripts/setup.sh package    that, and what making and testing the Debian package needs:
 #                               cargo-deb, lintian, debootstrap, systemd-container
 #
@@ -46,9 +47,10 @@ install() {
 }
 
 # Building and the demo: clang-19 (the data plane needs clang >= 15, build.rs; Debian 12's
-# `clang` is 14), the libraries libbpf-sys links, and what the demo's topology runs (ip, ethtool).
+# `clang` is 14), the libraries libbpf-sys links, and what the demo's topology runs (ip, ethtool,
+# ps and sysctl).
 # Without recommended packages: clang-19's pull in about 60 more that nothing here uses.
-install --no-install-recommends clang-19 libelf-dev zlib1g-dev pkg-config make gcc libc6-dev iproute2 ethtool
+install --no-install-recommends clang-19 libelf-dev zlib1g-dev pkg-config make gcc libc6-dev iproute2 ethtool procps
 
 if ((level >= 1)); then
     # The root tests read programs with bpftool and trace lb status with strace; the monitoring
@@ -72,10 +74,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
-if ((level >= 1)) && ! cargo nextest --version >/dev/null 2>&1; then
+# The cargo-nextest version .config/nextest.toml requires, and the one installed (none: 0).
+nextest_required=$(sed -n 's/^nextest-version = { required = "\(.*\)" }/\1/p' .config/nextest.toml)
+nextest_have=$(cargo nextest --version 2>/dev/null | awk 'NR == 1 {print $2}')
+if ((level >= 1)) && [ "$(printf '%s\n' "${nextest_have:-0}" "$nextest_required" | sort -V | head -1)" != "$nextest_required" ]; then
     # The Rust tests run under cargo-nextest (.config/nextest.toml): each in a process of its
     # own, several at once, each with its time.
-    echo "setup: installing cargo-nextest (a few minutes, once)" >&2
+    echo "setup: installing cargo-nextest (${nextest_have:+$nextest_have is older than $nextest_required; }a few minutes, once)" >&2
     cargo install --quiet --locked cargo-nextest
 fi
 
