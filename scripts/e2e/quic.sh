@@ -147,7 +147,12 @@ test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_cha
         local broken
         broken=$(quic_broken rebound)
         say "quic_lb off: $broken of $QUIC_N connections broke when the client rebound"
-        [ "$broken" -ge $((QUIC_N / 2)) ] || fail "only $broken of $QUIC_N broke without quic_lb: the test would not tell"
+        # Each new port lands on another of the 3 backends with a chance near 2/3 (less when the
+        # first draw was uneven, 0.6 for 25/13/12): about 33 of 50 break. Half of 50, the bound
+        # until 2026-12-04, fails by chance in 0.5% of runs at 2/3 and 6% at 0.6 (it did once,
+        # 24 of 50); a fifth fails in under one run in 10^8 at 0.6, and still shows that the test
+        # sees connections break.
+        [ "$broken" -ge $((QUIC_N / 5)) ] || fail "only $broken of $QUIC_N broke without quic_lb: the test would not tell"
         return 0
     fi
     # Pool changes first, while the 5-tuples are the ones the table placed: each shows how many
