@@ -105,30 +105,78 @@ fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
 /// routes a packet only "from" a device with forwarding on, and the program asks as if the
 /// packet came from the loopback (docs/fleet.md, "Second chance"). On there, they forward
 /// nothing (no packet from outside arrives on the loopback); the interface stays a host's.
-const LOOPBACK_FORWARDING: [&str; 2] = ["/proc/sys/net/ipv4/conf/lo/forwarding", "/proc/sys/net/ipv6/conf/lo/forwarding"];
+/// Each as its file and its sysctl name.
+const LOOPBACK_FORWARDING: [(&str, &str); 2] = [
+    ("/proc/sys/net/ipv4/conf/lo/forwarding", "net.ipv4.conf.lo.forwarding"),
+    ("/proc/sys/net/ipv6/conf/lo/forwarding", "net.ipv6.conf.lo.forwarding"),
+];
 
-/// Turns the loopback's forwarding on where it is off; returns the switches it turned on. Never
-/// turned off again: it forwards nothing, another `lb decap` of this host may rely on it, and a
-/// process killed with SIGKILL could not anyway. A family the host does not have (IPv6
-/// disabled: no such switch) is skipped.
+/// Turns the loopback's forwarding on where it is off, once, at start; returns the switches it
+/// turned on. Never turned off again: it forwards nothing, another `lb decap` of this host may
+/// rely on it, and a process killed with SIGKILL could not anyway. A family the host does not
+/// have (IPv6 disabled: no such switch) is skipped.
 fn loopback_forwarding_on() -> Result<Vec<&'static str>> {
     let mut changed = Vec::new();
-    for path in LOOPBACK_FORWARDING {
+    for (path, name) in LOOPBACK_FORWARDING {
         let Ok(now) = std::fs::read_to_string(path) else { continue };
         if now.trim() != "1" {
-            std::fs::write(path, "1").with_context(|| format!("turning on {path} (second chance routes hops from the loopback)"))?;
-            changed.push(path);
+            std::fs::write(path, "1").with_context(|| format!("turning on {name} (second chance routes hops from the loopback)"))?;
+            changed.push(name);
         }
     }
     Ok(changed)
 }
 
+/// The loopback's forwarding switches that are off now (by their sysctl names).
+fn loopback_forwarding_off() -> Vec<&'static str> {
+    LOOPBACK_FORWARDING
+        .iter()
+        .filter(|(path, _)| std::fs::read_to_string(path).is_ok_and(|now| now.trim() != "1"))
+        .map(|&(_, name)| name)
+        .collect()
+}
+
+/// The address family ("IPv4", "IPv6") every address of which `prefixes` cover together, if one
+/// is: a /0 alone, or 0.0.0.0/1 with 128.0.0.0/1, or any other set whose union leaves no gap.
+fn whole_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
+    for (family, bits, v6) in [("IPv4", 32u32, false), ("IPv6", 128u32, true)] {
+        let last = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
+        // Each prefix as its first and last address, in order of the first.
+        let mut ranges: Vec<(u128, u128)> = prefixes
+            .iter()
+            .filter(|(addr, _)| addr.is_ipv6() == v6)
+            .map(|&(addr, len)| {
+                let base = match addr {
+                    IpAddr::V4(a) => u128::from(u32::from(a)),
+                    IpAddr::V6(a) => u128::from(a),
+                };
+                let host_bits = bits.saturating_sub(u32::from(len));
+                let span = if host_bits >= 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
+                (base & !span, (base & !span) | span)
+            })
+            .collect();
+        ranges.sort_unstable();
+        // The first address no range has covered yet, walking up from 0; a gap ends the walk.
+        let mut next = 0u128;
+        for (first, end) in ranges {
+            if first > next {
+                break;
+            }
+            if end == last {
+                return Some(family);
+            }
+            next = next.max(end + 1);
+        }
+    }
+    None
+}
+
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
 fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
-    if a.second_chance && a.allow_from.iter().any(|&(_, len)| len == 0) {
+    if let (true, Some(family)) = (a.second_chance, whole_family(&a.allow_from)) {
         bail!(
-            "--second-chance sends packets on only to hosts of the allow-list, and a /0 prefix names every host: give \
-             --allow-from the load balancers' and the backends' prefixes"
+            "--second-chance sends packets on only to hosts of the allow-list, and the --allow-from prefixes together \
+             name every {family} host: give --allow-from the load balancers' and the backends' prefixes"
         );
     }
     if a.allow_any && a.second_chance {
@@ -185,6 +233,11 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let xdp = attach_with_mode(dp.program_fd(), &ifc, mode)?;
     if any {
         log("warning: --allow-any: packets from any source are unwrapped; anyone who reaches this host can send it packets with any source address");
+    } else if let Some(family) = whole_family(&allow) {
+        log(format!(
+            "warning: the --allow-from prefixes cover every {family} address: as with --allow-any, anyone who reaches this \
+             host can send it packets with any {family} source address"
+        ));
     }
     log(format!(
         "decapsulating IPIP and GUE (port {gue_port}) from {from} for this host's {} addresses on {} in {} mode{}: XDP program id {}, link id {}",
@@ -200,6 +253,8 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let mut next_refresh = started + ADDRESS_REFRESH;
     let mut next_stats = stats_interval.map(|i| started + i);
+    // The loopback's forwarding switches someone turned off since the start, as last seen.
+    let mut forwarding_off: Vec<&str> = Vec::new();
     let stop = loop {
         let now = Instant::now();
         let wake = next_stats.map_or(next_refresh, |t| t.min(next_refresh));
@@ -218,13 +273,22 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
             if dp.set_local(&addrs)? {
                 log(format!("this host's addresses changed: decapsulating for {} addresses", addrs.len()));
             }
-            // Someone turned the loopback's forwarding off (a global `ip_forward=0` does):
-            // without it every packet to send on would be delivered here.
+            // Someone turned the loopback's forwarding off (by hand, or with a global
+            // `ip_forward=0`): that is theirs to decide, and lb decap leaves it off, but says
+            // once what it costs, and once when it is back.
             if second_chance {
-                let on = loopback_forwarding_on()?;
-                if !on.is_empty() {
-                    log(format!("second chance: {} was off; turned it on again", on.join(" and ")));
+                let off = loopback_forwarding_off();
+                for name in off.iter().filter(|n| !forwarding_off.contains(n)) {
+                    log(format!(
+                        "second chance: {name} was turned off: until it is on again, every packet this host should send on \
+                         to another backend is delivered here instead (counted no_route) and reset; `sysctl -w {name}=1` \
+                         turns it back on (the loopback forwards nothing)"
+                    ));
                 }
+                for name in forwarding_off.iter().filter(|n| !off.contains(n)) {
+                    log(format!("second chance: {name} is on again: packets are sent on"));
+                }
+                forwarding_off = off;
             }
             ensure_present(&ifc)?;
         }
@@ -303,8 +367,43 @@ mod tests {
         let e = allowed(&a).expect_err("an open relay");
         assert!(e.to_string().contains("--second-chance") && e.to_string().contains("--allow-from"), "{e}");
         let a = args(&["--allow-from", "0.0.0.0/0", "--second-chance"]).expect("clap accepts it; run refuses it");
-        assert!(allowed(&a).expect_err("every host").to_string().contains("/0"));
+        assert!(allowed(&a).expect_err("every host").to_string().contains("every IPv4 host"));
         let a = args(&["--allow-from", "10.0.0.0/8", "--second-chance"]).expect("valid");
         assert_eq!(allowed(&a).expect("a list"), vec![(ip("10.0.0.0"), 8)]);
+    }
+
+    #[test]
+    fn second_chance_judges_the_union_of_the_allow_list() {
+        // Each prefix narrower than /0, together every address: refused like a /0.
+        for every in [
+            &["0.0.0.0/1", "128.0.0.0/1"][..],
+            &["::/1", "8000::/1"],
+            &["128.0.0.0/2", "0.0.0.0/1", "192.0.0.0/2", "10.0.0.0/8"],
+            &["0.0.0.0/1", "0.0.0.0/2", "128.0.0.0/1", "fd00::/8"],
+            &["::/0"],
+        ] {
+            let mut flags = vec!["--second-chance"];
+            for p in every {
+                flags.extend(["--allow-from", p]);
+            }
+            let e = allowed(&args(&flags).expect("clap accepts it")).expect_err("every host of a family");
+            assert!(e.to_string().contains("every IPv"), "{every:?}: {e}");
+        }
+        // A gap anywhere, however small, and the list is a list.
+        for some in [
+            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4", "240.0.0.0/5"][..],
+            &["0.0.0.1/32", "0.0.0.2/31", "0.0.0.4/30"],
+            &["::/1", "8000::/2", "c000::/3", "0.0.0.0/1"],
+            &["128.0.0.0/1", "8000::/1"],
+        ] {
+            let mut flags = vec!["--second-chance"];
+            for p in some {
+                flags.extend(["--allow-from", p]);
+            }
+            assert!(allowed(&args(&flags).expect("valid")).is_ok(), "{some:?} leaves a gap");
+        }
+        assert_eq!(whole_family(&[(ip("0.0.0.0"), 1), (ip("128.0.0.0"), 2), (ip("192.0.0.0"), 2)]), Some("IPv4"));
+        assert_eq!(whole_family(&[(ip("0.0.0.0"), 1), (ip("128.0.0.0"), 2)]), None);
+        assert_eq!(whole_family(&[(ip("::"), 1), (ip("0.0.0.0"), 1), (ip("128.0.0.0"), 1)]), Some("IPv4"));
     }
 }
