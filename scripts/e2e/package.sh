@@ -143,6 +143,11 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -f -y -qq >>"$WORK/dpkg.log" 2>&1 \
         || { tail -20 "$WORK/dpkg.log" >&2; fail "apt-get -f install"; }
     chroot "$root" getent passwd lb >/dev/null || fail "no lb user after dpkg -i"
+    # The pool may hold a QUIC-LB key: readable by root and group lb, no one else.
+    [ "$(chroot "$root" stat -c '%a %U:%G' /etc/lb/pool.yaml)" = "640 root:lb" ] \
+        || fail "/etc/lb/pool.yaml is $(chroot "$root" stat -c '%a %U:%G' /etc/lb/pool.yaml), not 640 root:lb"
+    ! chroot "$root" setpriv --reuid=nobody --regid=nogroup --clear-groups cat /etc/lb/pool.yaml >/dev/null 2>&1 \
+        || fail "another user can read /etc/lb/pool.yaml"
     [ "$(chroot "$root" lb --version)" = "$("$LB" --version)" ] || fail "the packaged lb is not this build: $(chroot "$root" lb --version)"
     [ "$(chroot "$root" systemctl is-enabled lb 2>&1)" = disabled ] || fail "the unit is not installed disabled"
     for f in usr/share/man/man1/lb.1.gz usr/share/man/man1/lb-attach.1.gz usr/share/bash-completion/completions/lb \
@@ -161,8 +166,8 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     ! chroot "$root" getent group lb >/dev/null || fail "the lb group stays after purge"
     ! chroot "$root" dpkg-query -W lb >/dev/null 2>&1 || fail "dpkg still records lb after the purge: $(chroot "$root" dpkg -l lb | tail -1)"
     diff <(echo "$before") <(root_files "$root") >"$WORK/purge.diff" || { cat "$WORK/purge.diff" >&2; fail "install and purge left the root changed"; }
-    say "fresh bookworm root: dpkg -i (and apt-get -f install for libelf1), dpkg -r, dpkg --purge (and autoremove);" \
-        "after the purge its $(echo "$before" | wc -l) files are as before"
+    say "fresh bookworm root: dpkg -i (and apt-get -f install for libelf1; /etc/lb/pool.yaml 640 root:lb), dpkg -r," \
+        "dpkg --purge (and autoremove); after the purge its $(echo "$before" | wc -l) files are as before"
 
     # Installed again as the README says, configured for the test's lb namespace, and booted.
     DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq ./tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 \
@@ -225,8 +230,12 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     wait_until 300 0.05 journal_has 'adopted the data plane' 2 \
         || { journal_tail; fail "after systemctl kill, no lb adopted the pinned data plane"; }
     # An upgrade (here the same version again: dpkg runs the same maintainer scripts) restarts
-    # a running lb, which adopts the plane.
+    # a running lb, which adopts the plane. The operator's own owner and mode of the pool stay.
+    in_box chown lb:lb /etc/lb/pool.yaml || fail "chown the pool"
+    in_box chmod 0600 /etc/lb/pool.yaml || fail "chmod the pool"
     in_box dpkg -i /var/tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -i over the installed lb"; }
+    [ "$(in_box stat -c '%a %U:%G' /etc/lb/pool.yaml)" = "600 lb:lb" ] \
+        || fail "the upgrade changed the operator's /etc/lb/pool.yaml to $(in_box stat -c '%a %U:%G' /etc/lb/pool.yaml)"
     wait_until 300 0.05 journal_has 'adopted the data plane' 3 \
         || { journal_tail; fail "after the package's upgrade, no lb adopted the pinned data plane"; }
     ! journal_has "stop-post.*detached" || fail "systemctl kill or the upgrade detached the data plane"
@@ -235,7 +244,7 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     sleep 1
     churn_stop || fail "new connections failed across the restart, the kill and the upgrade: $CHURN_SUMMARY"
     hold_wait "a held connection broke across systemctl restart, kill or the package's upgrade"
-    say "systemctl restart, systemctl kill (SIGTERM) and Restart=, the package's upgrade, under traffic: held $(hold_summary); $CHURN_SUMMARY"
+    say "systemctl restart, systemctl kill (SIGTERM) and Restart=, the package's upgrade (which kept the operator's pool mode, 600 lb:lb), under traffic: held $(hold_summary); $CHURN_SUMMARY"
 
     # systemctl stop: nothing attached, no pins left; what to detach comes from the pins, not
     # from /etc/default/lb, which an operator may have edited since the start.
