@@ -211,7 +211,12 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     grep -q "lb_build_info{.*commit=\"$("$LB" --version | sed 's/.*commit \([^,]*\),.*/\1/')\"" "$WORK/metrics" || fail "lb_build_info does not name this build's commit"
     in_box systemctl reload lb || fail "systemctl reload"
     wait_until 100 0.05 journal_has 'reload (SIGHUP)' || fail "systemctl reload did not reach lb"
-    say "lb.service under systemd (PID 1 of the root): user lb (uid $uid), capabilities $want_caps (net_admin, perfmon, bpf) only"
+    # The unit's sandbox, as systemd rates it for the loaded unit (lower is tighter; 10 is none).
+    local exposure
+    exposure=$(in_box systemd-analyze security --no-pager lb.service 2>/dev/null | sed -n 's/.*Overall exposure level for lb.service: \([0-9.]*\).*/\1/p')
+    [ -n "$exposure" ] || fail "systemd-analyze security lb.service gave no exposure"
+    awk -v e="$exposure" 'BEGIN { exit !(e <= 3.0) }' || fail "lb.service's exposure is $exposure, above 3.0: $(in_box systemd-analyze security --no-pager lb.service 2>&1 | grep '✗')"
+    say "lb.service under systemd (PID 1 of the root): user lb (uid $uid), capabilities $want_caps (net_admin, perfmon, bpf) only; exposure $exposure"
 
     # systemctl restart under traffic: the pinned data plane forwards while lb is away.
     local held=30 t0
