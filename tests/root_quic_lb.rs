@@ -162,6 +162,10 @@ fn root_what_cannot_be_routed_by_id_falls_back_counted_by_reason() {
     check(&dp, "another rotation", short_header(443, 40000, &other_config), lb_stat::LB_QUIC_OTHER_CONFIG, decoy(443));
     check(&dp, "an unknown server ID", short_header(443, 40000, &unknown), lb_stat::LB_QUIC_UNKNOWN_SERVER, decoy(443));
     check(&dp, "a long header whose ID is too short", long_header(443, 40000, 1, 2, &ours[..8]), lb_stat::LB_QUIC_SHORT, decoy(443));
+    // An empty ID: the octet after its length is the source ID's length (8: rotation bits 0, not
+    // this configuration's 2), which is no ID's first octet (counted other_config until issue 38).
+    check(&dp, "a Handshake with an empty ID", long_header(443, 40000, 1, 2, &[]), lb_stat::LB_QUIC_SHORT, decoy(443));
+    check(&dp, "a v2 Handshake with an empty ID", long_header(443, 40000, 0x6b3343cf, 3, &[]), lb_stat::LB_QUIC_SHORT, decoy(443));
     let tiny = ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000, dport: 443 }, &V4Opts::default(), &[0x41, 1, 2]);
     check(&dp, "a datagram too short for QUIC", tiny, lb_stat::LB_QUIC_SHORT, decoy(443));
     let empty = ipv4(None, CLIENT, Ipv4Addr::new(10, 0, 0, 1), L4::Udp { sport: 40000, dport: 443 }, &V4Opts::default(), &[]);

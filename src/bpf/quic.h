@@ -269,14 +269,16 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 			return count(LB_QUIC_SHORT, 0);
 		cid = q + 1;
 	}
+	/* A long header says how long its ID is: one too short for this configuration's, an empty
+	 * one included, is that before anything is read of it (the octets there are another
+	 * field's, and their top bits no rotation). */
+	if (id_len < 1 + l)
+		return count(LB_QUIC_SHORT, 0);
 	__builtin_memcpy(s->cid, cid, QUIC_MAX_CID);
 	if ((s->cid[0] >> 5) == 7)
 		return count(LB_QUIC_UNROUTABLE, 0);
 	if ((s->cid[0] >> 5) != cfg->rotation)
 		return count(LB_QUIC_OTHER_CONFIG, 0);
-	/* A long header says how long its ID is: one too short for this configuration's. */
-	if (id_len < 1 + l)
-		return count(LB_QUIC_SHORT, 0);
 	__builtin_memcpy(&s->key.service, svc, sizeof(s->key.service));
 	if (cfg->encrypted) {
 		aes = bpf_map_lookup_elem(&quic_aes, svc);
