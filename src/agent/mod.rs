@@ -12,10 +12,13 @@
 //! - without it, what is left: 100% less the process's CPU use over the interval, of `--cpus`.
 //!
 //! It answers over plain TCP (the line at once), or with `--http` over HTTP (a GET gets the line
-//! as a 200's body). A process that is gone (or whose PID another process now has) is `down`.
+//! as a 200's body), many clients at once (clients.rs). A process that is gone (or whose PID
+//! another process now has) is `down`. The override file is read with care (override_file.rs).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+mod clients;
+mod override_file;
+
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,11 +33,6 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::log::log;
 use crate::settings::seconds;
-
-/// How long a client may take to send an HTTP request, or to be told its line.
-const CLIENT_DEADLINE: Duration = Duration::from_millis(200);
-/// Connections answered per wake of the loop, at most.
-const ACCEPTS_PER_WAKE: usize = 64;
 
 /// `lb agent`'s flags.
 #[derive(clap::Args)]
@@ -157,9 +155,27 @@ impl Meter {
     }
 }
 
-/// The first line of the override file, if it exists.
-fn override_line(file: Option<&PathBuf>) -> Option<String> {
-    file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.lines().next().unwrap_or_default().to_string())
+/// What the override file says now (None: no file, or none given). A refusal is logged when it
+/// is new (`refused` holds the last one logged) and answered by the measure.
+fn override_line(file: Option<&PathBuf>, refused: &mut Option<String>) -> Option<String> {
+    let file = file?;
+    match override_file::read(file) {
+        override_file::Override::Answer(line) => {
+            *refused = None;
+            Some(line)
+        }
+        override_file::Override::Absent => {
+            *refused = None;
+            None
+        }
+        override_file::Override::Refused(why) => {
+            if refused.as_ref() != Some(&why) {
+                log(format!("agent: the override file {} is not answered: {why}; the measure is", file.display()));
+                *refused = Some(why);
+            }
+            None
+        }
+    }
 }
 
 pub fn run(args: AgentArgs) -> Result<ExitCode> {
@@ -183,7 +199,9 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     let mut capacity_now: u32 = 100;
     // The agent's own connections, which /proc/net/snmp counts too.
     let mut own = 0u64;
-    let mut line = override_line(args.override_file.as_ref()).unwrap_or_else(|| "100%".to_string());
+    let mut refused = None;
+    let mut line = override_line(args.override_file.as_ref(), &mut refused).unwrap_or_else(|| "100%".to_string());
+    let mut clients = clients::Clients::new(args.http);
     log(format!(
         "agent: reporting process {}'s {} on {} every {:?}{}",
         args.pid,
@@ -221,58 +239,33 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
             };
             // The override is read with the measure: every node that asks within an interval
             // reads the same line.
-            if let Some(l) = override_line(args.override_file.as_ref()).or(measured) {
+            if let Some(l) = override_line(args.override_file.as_ref(), &mut refused).or(measured) {
                 line = l;
             }
         } else if now / len < epoch {
             // The clock went back: measure from the interval it is in now.
             epoch = now / len;
         }
-        let wait = Duration::from_millis((epoch + 1) * len - unix_ms().clamp(epoch * len, (epoch + 1) * len));
-        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        // Until the interval ends, or the first waiting client's time is up.
+        let mut wait = Duration::from_millis((epoch + 1) * len - unix_ms().clamp(epoch * len, (epoch + 1) * len));
+        if let Some(d) = clients.next_deadline() {
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
+        }
+        let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN), PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        fds.extend(clients.poll_fds());
         match poll(&mut fds, PollTimeout::try_from(wait.max(Duration::from_millis(1))).unwrap_or(PollTimeout::MAX)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => bail!("waiting for connections: {e}"),
         }
+        drop(fds);
         if let Ok(Some(sig)) = signals.read_signal() {
             log(format!("agent: stopped by {}", Signal::try_from(sig.ssi_signo as i32).map_or("a signal", |s| s.as_str())));
             return Ok(ExitCode::SUCCESS);
         }
         // A bounded number per wake, so that an interval's boundary is never late by much.
-        for _ in 0..ACCEPTS_PER_WAKE {
-            let Ok((stream, _)) = listener.accept() else { break };
-            own += 1;
-            answer_one(stream, &line, args.http);
-        }
+        own += clients.accept(&listener, &line);
+        clients.serve(&line);
     }
-}
-
-/// Gives one client the line: at once over TCP; with `http`, as the body of a 200 once the
-/// client's GET has come (within CLIENT_DEADLINE).
-fn answer_one(mut stream: TcpStream, line: &str, http: bool) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_write_timeout(Some(CLIENT_DEADLINE));
-    if !http {
-        let _ = stream.write_all(format!("{line}\n").as_bytes());
-        return;
-    }
-    let deadline = Instant::now() + CLIENT_DEADLINE;
-    let mut got = Vec::new();
-    let mut chunk = [0u8; 512];
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 4096 && Instant::now() < deadline {
-        let _ = stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let answer = if got.starts_with(b"GET ") {
-        let body = format!("{line}\n");
-        format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
-    } else {
-        "HTTP/1.0 400 Bad Request\r\nConnection: close\r\n\r\n".to_string()
-    };
-    let _ = stream.write_all(answer.as_bytes());
 }
 
 #[cfg(test)]
