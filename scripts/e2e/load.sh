@@ -247,7 +247,23 @@ PY
     wait_load_log "load: web backend b3 10.99.0.13 is served at 80% of its weight (agent 80%)"
     w3=$(metric 'lb_backend_effective_weight\{service="web",vip="10.99.0.100",backend="b3"\}')
     [ "$w3" = 0.8 ] || fail "b3's effective weight at 80% is $w3"
-    echo "75 percent, please" >"$WORK/override-b3"
+    # An agent that says garbage: not lb agent, which answers only what lb can read (its
+    # override file is not echoed), but one in a few lines of Python in its place.
+    kill "$(cat "$WORK/agent-b3.pid")"
+    wait_until 50 0.1 sh -c "! ip netns exec $PREFIX-b3 ss -ltn | grep -q ':4050 '" || fail "b3's lb agent did not stop"
+    ip netns exec "$PREFIX-b3" python3 -c '
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 4050))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"75 percent, please\n")
+    c.close()
+' 2>"$WORK/garbage-agent.log" &
+    echo $! >>"/tmp/$PREFIX.pids"
+    echo $! >"$WORK/agent-b3.pid"
     wait_until 100 0.1 sh -c "[ \"\$(ip netns exec $PREFIX-lb curl -sf http://127.0.0.1:9100/metrics | grep -c 'lb_agent_answers_total{service=\"web\",backend=\"b3\",outcome=\"garbage\"} [3-9]')\" = 1 ]" ||
         fail "garbage was not counted"
     wait_load_log "load: web backend b3 10.99.0.13's agent: .*is neither a capacity nor ready, drain or down.*(garbage); its last good report stands"
