@@ -24,6 +24,40 @@ const AGENT_WORKERS: usize = 64;
 const ANSWER_LIMIT: usize = 4096;
 /// The result of an ask that waited for a worker until its epoch was decided.
 const NOT_ASKED: &str = "not asked: every worker was busy until the interval's weights were decided";
+/// The same change of one backend's agent is logged at most this often: an agent that flips
+/// between garbage and good answers every interval is logged when it starts, then once a while
+/// with how many times it came back since.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// When each backend's agent's changes of each kind were last logged, and how many have not been
+/// since. A kind is an outcome, and for a failed ask its reason (a timeout and a refusal are
+/// different news), never the agent's own words: garbage is one kind, whatever it said.
+#[derive(Default)]
+struct ChangeLog {
+    last: HashMap<(Key, String), (Instant, u32)>,
+}
+
+impl ChangeLog {
+    /// Whether a change of `kind` to `key`'s agent at `now` is logged: Some(n) when it is, n
+    /// being how many of the same kind were not logged since the last that was.
+    fn admit(&mut self, key: &Key, kind: &str, now: Instant) -> Option<u32> {
+        match self.last.get_mut(&(key.clone(), kind.to_string())) {
+            Some((at, skipped)) if now.saturating_duration_since(*at) < LOG_EVERY => {
+                *skipped += 1;
+                None
+            }
+            Some((at, skipped)) => {
+                let n = *skipped;
+                (*at, *skipped) = (now, 0);
+                Some(n)
+            }
+            None => {
+                self.last.insert((key.clone(), kind.to_string()), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
 
 /// One answer's outcome, for the metrics and the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +98,8 @@ pub(super) struct Agents {
     failing_open: Vec<String>,
     /// Per backend, the outcome of its last answer, so that the log names changes only.
     last_outcome: HashMap<Key, Outcome>,
+    /// How often each change was logged, so that an agent that flips does not fill the log.
+    change_log: ChangeLog,
     /// The pool the last [`Agents::apply`] made, and whether it differed from the one before.
     last_pool: Option<Pool>,
     changed: bool,
@@ -89,6 +125,7 @@ impl Agents {
             adjustments: HashMap::new(),
             failing_open: Vec::new(),
             last_outcome: HashMap::new(),
+            change_log: ChangeLog::default(),
             last_pool: None,
             changed: true,
         })
@@ -160,10 +197,20 @@ impl Agents {
             seen(&key.0, &key.1, outcome, took);
             let before = self.last_outcome.insert(key.clone(), outcome);
             if before != Some(outcome) && (before.is_some() || outcome != Outcome::Ok) {
-                let label = label_of(pool, &key.0, &key.1);
-                match problem {
-                    Some(p) => log(format!("load: {} backend {label}'s agent: {p} ({}); its last good report stands", key.0, outcome.as_str())),
-                    None => log(format!("load: {} backend {label}'s agent answers again", key.0)),
+                let kind = match (&outcome, &problem) {
+                    (Outcome::Failed, Some(p)) => format!("failed: {p}"),
+                    _ => outcome.as_str().to_string(),
+                };
+                if let Some(skipped) = self.change_log.admit(&key, &kind, Instant::now()) {
+                    let label = label_of(pool, &key.0, &key.1);
+                    let since = match skipped {
+                        0 => String::new(),
+                        n => format!(" (and {n} more times since this was last logged)"),
+                    };
+                    match problem {
+                        Some(p) => log(format!("load: {} backend {label}'s agent: {p} ({}); its last good report stands{since}", key.0, outcome.as_str())),
+                        None => log(format!("load: {} backend {label}'s agent answers again{since}", key.0)),
+                    }
                 }
             }
         }
@@ -235,6 +282,7 @@ impl Agents {
         self.loads.renew(Some(old), new, unix_ms());
         self.asking.retain(|k, _| new.service(&k.0).is_some_and(|s| s.agent.is_some()));
         self.last_outcome.retain(|k, _| new.service(&k.0).is_some_and(|s| s.backends.iter().any(|b| b.identity() == k.1)));
+        self.change_log.last.retain(|(k, _), _| new.service(&k.0).is_some_and(|s| s.backends.iter().any(|b| b.identity() == k.1)));
         kept
     }
 
@@ -394,5 +442,27 @@ mod tests {
         let started = Instant::now();
         assert_eq!(ask(l.local_addr().expect("addr"), &check(None)), Err("timeout".to_string()));
         assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_flipping_agent_is_logged_when_it_starts_then_once_a_while() {
+        let mut log = ChangeLog::default();
+        let b1: Key = ("web".to_string(), "b1".to_string());
+        let b2: Key = ("web".to_string(), "b2".to_string());
+        let t0 = Instant::now();
+        // Garbage and good answers in turn, every second for three minutes.
+        let mut logged = Vec::new();
+        for s in 0..180u64 {
+            let kind = if s % 2 == 0 { "garbage" } else { "ok" };
+            if let Some(n) = log.admit(&b1, kind, t0 + Duration::from_secs(s)) {
+                logged.push((s, kind, n));
+            }
+        }
+        assert_eq!(logged, vec![(0, "garbage", 0), (1, "ok", 0), (60, "garbage", 29), (61, "ok", 29), (120, "garbage", 29), (121, "ok", 29)]);
+        // Another backend, and another kind of the same one, are news of their own.
+        assert_eq!(log.admit(&b2, "garbage", t0 + Duration::from_secs(150)), Some(0));
+        assert_eq!(log.admit(&b1, "failed: timeout", t0 + Duration::from_secs(150)), Some(0));
+        assert_eq!(log.admit(&b1, "failed: closed without a line", t0 + Duration::from_secs(151)), Some(0));
+        assert_eq!(log.admit(&b1, "failed: timeout", t0 + Duration::from_secs(152)), None);
     }
 }

@@ -6,7 +6,7 @@
 //! after every change ([`Publisher`]); it never waits on the serve loop, and the packet path pays
 //! nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,13 +76,59 @@ pub(super) struct Metrics {
     probes: Family<ProbeLabels, Counter>,
     probe_latency: Family<ServiceLabel, Histogram>,
     agent_answers: Family<AgentLabels, Counter>,
+    /// The label sets those three families hold (a family cannot list them), so that a service's
+    /// or backend's series go when it leaves the pool.
+    made: Arc<Mutex<Made>>,
+}
+
+#[derive(Default)]
+struct Made {
+    services: HashSet<String>,
+    agents: HashSet<AgentLabels>,
 }
 
 impl Metrics {
+    fn new(model: Model) -> Metrics {
+        Metrics {
+            model: Arc::new(Mutex::new(model)),
+            reloads: Family::default(),
+            last_reload: Gauge::default(),
+            last_reload_seconds: Gauge::default(),
+            reload_apply: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            probes: Family::default(),
+            probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
+            agent_answers: Family::default(),
+            made: Arc::new(Mutex::new(Made::default())),
+        }
+    }
+
     fn publish(&self, model: Model) {
+        self.prune(&model);
         if let Ok(mut m) = self.model.lock() {
             *m = model;
         }
+    }
+
+    /// Removes the series of the services and backends `model` no longer has.
+    fn prune(&self, model: &Model) {
+        let Ok(mut made) = self.made.lock() else { return };
+        made.agents.retain(|l| {
+            let kept = model.services.iter().any(|s| s.name == l.service && s.backends.iter().any(|b| b.identity == l.backend));
+            if !kept {
+                self.agent_answers.remove(l);
+            }
+            kept
+        });
+        made.services.retain(|service| {
+            let kept = model.services.iter().any(|s| &s.name == service);
+            if !kept {
+                for outcome in ["success", "failure"] {
+                    self.probes.remove(&ProbeLabels { service: service.clone(), outcome: outcome.to_string() });
+                }
+                self.probe_latency.remove(&ServiceLabel { service: service.clone() });
+            }
+            kept
+        });
     }
 
     /// A reload's outcome; `apply` is how long applying took, for an applied one.
@@ -103,6 +149,9 @@ impl Metrics {
             let outcome = if outcome == Outcome::Success { "success" } else { "failure" };
             self.probes.get_or_create(&ProbeLabels { service: service.to_string(), outcome: outcome.to_string() }).inc();
             self.probe_latency.get_or_create(&ServiceLabel { service: service.to_string() }).observe(took.as_secs_f64());
+            if let Ok(mut made) = self.made.lock() {
+                made.services.insert(service.to_string());
+            }
         }
         let Ok(mut m) = self.model.lock() else { return };
         let b = m.services.iter_mut().filter(|s| s.name == service).flat_map(|s| s.backends.iter_mut()).find(|b| b.identity == backend);
@@ -113,7 +162,11 @@ impl Metrics {
     }
 
     fn agent(&self, service: &str, backend: &str, outcome: &str) {
-        self.agent_answers.get_or_create(&AgentLabels { service: service.to_string(), backend: backend.to_string(), outcome: outcome.to_string() }).inc();
+        let labels = AgentLabels { service: service.to_string(), backend: backend.to_string(), outcome: outcome.to_string() };
+        self.agent_answers.get_or_create(&labels).inc();
+        if let Ok(mut made) = self.made.lock() {
+            made.agents.insert(labels);
+        }
     }
 }
 
@@ -150,17 +203,8 @@ impl prometheus_client::collector::Collector for Scrape {
 /// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
 pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Metrics> {
     let listener = TcpListener::bind(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
-    let model = Arc::new(Mutex::new(model));
-    let m = Metrics {
-        model: model.clone(),
-        reloads: Family::default(),
-        last_reload: Gauge::default(),
-        last_reload_seconds: Gauge::default(),
-        reload_apply: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
-        probes: Family::default(),
-        probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
-        agent_answers: Family::default(),
-    };
+    let m = Metrics::new(model);
+    let model = m.model.clone();
     let mut registry = Registry::default();
     registry.register("lb_reloads", "Reloads of the pool file by result", m.reloads.clone());
     registry.register("lb_last_reload_timestamp_seconds", "When the last reload was applied (Unix time)", m.last_reload.clone());
@@ -355,5 +399,81 @@ impl Publisher {
             flow_capacity: self.flow_capacity,
             services,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lb::metrics::{BackendModel, ServiceModel};
+
+    fn backend(identity: &str) -> BackendModel {
+        BackendModel {
+            id: 0,
+            identity: identity.to_string(),
+            address: "10.0.0.1".to_string(),
+            weight: 1,
+            effective_weight: 1.0,
+            load: String::new(),
+            reported_capacity: None,
+            slots: 0,
+            healthy: true,
+            health: "healthy".to_string(),
+            probes: None,
+            state: "active".to_string(),
+            mac_known: true,
+        }
+    }
+
+    fn model(services: &[(&str, &[&str])]) -> Model {
+        let services = services
+            .iter()
+            .map(|(name, backends)| ServiceModel {
+                name: name.to_string(),
+                vip: "10.0.0.100".to_string(),
+                port: 80,
+                protocol: "tcp".to_string(),
+                algorithm: "ring".to_string(),
+                hash: "flow".to_string(),
+                forward: "l2".to_string(),
+                slots: 64,
+                unstable_slots: 0,
+                backends: backends.iter().map(|b| backend(b)).collect(),
+            })
+            .collect();
+        Model { services, ..Model::default() }
+    }
+
+    fn scrape(m: &Metrics) -> String {
+        let mut r = Registry::default();
+        r.register("lb_agent_answers", "", m.agent_answers.clone());
+        r.register("lb_health_probes", "", m.probes.clone());
+        r.register("lb_health_probe_duration_seconds", "", m.probe_latency.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
+        text
+    }
+
+    #[test]
+    fn a_removed_backend_or_service_takes_its_series_with_it() {
+        let m = Metrics::new(model(&[("web", &["b1", "b2"]), ("dns", &["d1"])]));
+        m.agent("web", "b1", "ok");
+        m.agent("web", "b2", "garbage");
+        m.agent("web", "b2", "ok");
+        let mut record = ProbeRecord::default();
+        record.add(Outcome::Success, Duration::from_millis(2));
+        m.probe("dns", "d1", &record);
+        let before = scrape(&m);
+        assert!(before.contains("backend=\"b2\",outcome=\"garbage\"") && before.contains("lb_health_probes_total{service=\"dns\""), "{before}");
+
+        // b2 and the dns service leave the pool.
+        m.publish(model(&[("web", &["b1"])]));
+        let after = scrape(&m);
+        assert!(!after.contains("\"b2\"") && !after.contains("\"dns\""), "{after}");
+        assert!(after.contains("lb_agent_answers_total{service=\"web\",backend=\"b1\",outcome=\"ok\"} 1"), "{after}");
+
+        // A backend that comes back starts its series anew.
+        m.agent("web", "b2", "ok");
+        assert!(scrape(&m).contains("backend=\"b2\",outcome=\"ok\"} 1"));
     }
 }
