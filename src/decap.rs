@@ -136,11 +136,12 @@ fn loopback_forwarding_off() -> Vec<&'static str> {
         .collect()
 }
 
-/// The address family ("IPv4", "IPv6") every address of which `prefixes` cover together, if one
-/// is: a /0 alone, or 0.0.0.0/1 with 128.0.0.0/1, or any other set whose union leaves no gap.
-fn whole_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
+/// The address family ("IPv4", "IPv6") more than half of whose addresses `prefixes` cover
+/// together, if one is: a /0, 0.0.0.0/1 with 128.0.0.0/1, or any set whose union is that broad,
+/// however it is cut up. (A list of second-chance hops that names half of the Internet names its
+/// routers too.)
+fn broad_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
     for (family, bits, v6) in [("IPv4", 32u32, false), ("IPv6", 128u32, true)] {
-        let last = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
         // Each prefix as its first and last address, in order of the first.
         let mut ranges: Vec<(u128, u128)> = prefixes
             .iter()
@@ -156,16 +157,24 @@ fn whole_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
             })
             .collect();
         ranges.sort_unstable();
-        // The first address no range has covered yet, walking up from 0; a gap ends the walk.
-        let mut next = 0u128;
+        // The addresses the union covers, each counted once (saturating: a /0 of IPv6 is 2^128).
+        let mut covered = 0u128;
+        let mut next = 0u128; // the first address not counted yet
+        let mut done = false; // the last address counted
         for (first, end) in ranges {
-            if first > next {
-                break;
+            if done || end < next {
+                continue;
             }
-            if end == last {
-                return Some(family);
+            let from = first.max(next);
+            covered = covered.saturating_add((end - from).saturating_add(1));
+            if end == u128::MAX {
+                done = true;
+            } else {
+                next = end + 1;
             }
-            next = next.max(end + 1);
+        }
+        if covered > 1u128 << (bits - 1) {
+            return Some(family);
         }
     }
     None
@@ -173,10 +182,10 @@ fn whole_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
 
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
 fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
-    if let (true, Some(family)) = (a.second_chance, whole_family(&a.allow_from)) {
+    if let (true, Some(family)) = (a.second_chance, broad_family(&a.allow_from)) {
         bail!(
             "--second-chance sends packets on only to hosts of the allow-list, and the --allow-from prefixes together \
-             name every {family} host: give --allow-from the load balancers' and the backends' prefixes"
+             name more than half of all {family} addresses: give --allow-from the load balancers' and the backends' prefixes"
         );
     }
     if a.allow_any && a.second_chance {
@@ -233,10 +242,10 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let xdp = attach_with_mode(dp.program_fd(), &ifc, mode)?;
     if any {
         log("warning: --allow-any: packets from any source are unwrapped; anyone who reaches this host can send it packets with any source address");
-    } else if let Some(family) = whole_family(&allow) {
+    } else if let Some(family) = broad_family(&allow) {
         log(format!(
-            "warning: the --allow-from prefixes cover every {family} address: as with --allow-any, anyone who reaches this \
-             host can send it packets with any {family} source address"
+            "warning: the --allow-from prefixes cover more than half of all {family} addresses: nearly as with --allow-any, \
+             almost anyone who reaches this host can send it packets"
         ));
     }
     log(format!(
@@ -367,43 +376,49 @@ mod tests {
         let e = allowed(&a).expect_err("an open relay");
         assert!(e.to_string().contains("--second-chance") && e.to_string().contains("--allow-from"), "{e}");
         let a = args(&["--allow-from", "0.0.0.0/0", "--second-chance"]).expect("clap accepts it; run refuses it");
-        assert!(allowed(&a).expect_err("every host").to_string().contains("every IPv4 host"));
+        assert!(allowed(&a).expect_err("every host").to_string().contains("half of all IPv4 addresses"));
         let a = args(&["--allow-from", "10.0.0.0/8", "--second-chance"]).expect("valid");
         assert_eq!(allowed(&a).expect("a list"), vec![(ip("10.0.0.0"), 8)]);
     }
 
     #[test]
     fn second_chance_judges_the_union_of_the_allow_list() {
-        // Each prefix narrower than /0, together every address: refused like a /0.
-        for every in [
+        // More than half of a family's addresses, however the prefixes cut it: refused like a /0.
+        for broad in [
             &["0.0.0.0/1", "128.0.0.0/1"][..],
             &["::/1", "8000::/1"],
+            &["::/0"],
             &["128.0.0.0/2", "0.0.0.0/1", "192.0.0.0/2", "10.0.0.0/8"],
             &["0.0.0.0/1", "0.0.0.0/2", "128.0.0.0/1", "fd00::/8"],
-            &["::/0"],
+            // Every unicast address but 248.0.0.0/5.
+            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4", "240.0.0.0/5"],
+            &["0.0.0.0/1", "128.0.0.0/8"],
+            &["::/1", "8000::/16"],
         ] {
             let mut flags = vec!["--second-chance"];
-            for p in every {
+            for p in broad {
                 flags.extend(["--allow-from", p]);
             }
-            let e = allowed(&args(&flags).expect("clap accepts it")).expect_err("every host of a family");
-            assert!(e.to_string().contains("every IPv"), "{every:?}: {e}");
+            let e = allowed(&args(&flags).expect("clap accepts it")).expect_err("half a family");
+            assert!(e.to_string().contains("more than half of all IPv"), "{broad:?}: {e}");
         }
-        // A gap anywhere, however small, and the list is a list.
+        // Half or less (overlaps counted once), and the list is a list.
         for some in [
-            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4", "240.0.0.0/5"][..],
+            &["0.0.0.0/1"][..],
+            &["0.0.0.0/1", "10.0.0.0/8", "0.0.0.0/2"],
             &["0.0.0.1/32", "0.0.0.2/31", "0.0.0.4/30"],
-            &["::/1", "8000::/2", "c000::/3", "0.0.0.0/1"],
-            &["128.0.0.0/1", "8000::/1"],
+            &["::/1", "0.0.0.0/1"],
+            &["128.0.0.0/2", "64.0.0.0/2", "8000::/1"],
+            &["10.0.0.0/8", "fd00::/8"],
         ] {
             let mut flags = vec!["--second-chance"];
             for p in some {
                 flags.extend(["--allow-from", p]);
             }
-            assert!(allowed(&args(&flags).expect("valid")).is_ok(), "{some:?} leaves a gap");
+            assert!(allowed(&args(&flags).expect("valid")).is_ok(), "{some:?} is half or less");
         }
-        assert_eq!(whole_family(&[(ip("0.0.0.0"), 1), (ip("128.0.0.0"), 2), (ip("192.0.0.0"), 2)]), Some("IPv4"));
-        assert_eq!(whole_family(&[(ip("0.0.0.0"), 1), (ip("128.0.0.0"), 2)]), None);
-        assert_eq!(whole_family(&[(ip("::"), 1), (ip("0.0.0.0"), 1), (ip("128.0.0.0"), 1)]), Some("IPv4"));
+        assert_eq!(broad_family(&[(ip("::"), 1), (ip("0.0.0.0"), 1), (ip("128.0.0.0"), 1)]), Some("IPv4"));
+        assert_eq!(broad_family(&[(ip("::"), 0), (ip("::"), 0)]), Some("IPv6"));
+        assert_eq!(broad_family(&[(ip("::"), 1)]), None);
     }
 }

@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// What `lb agent` answers for an override file it refuses (src/agent/mod.rs).
+const REFUSED: &str = "override-file-refused";
+
 /// A running `lb agent` (and the process it watches), both ended when dropped.
 struct Agent {
     agent: Child,
@@ -103,7 +106,9 @@ fn idle_connections_do_not_keep_drain_from_lb() {
 
 /// The override file is answered only when it is a regular file that says an agent answer, and
 /// as lb reads it: a link (here to a file standing for one only root may read), a FIFO, or a
-/// line that is no answer leave the measure answered, and nothing of the file is repeated.
+/// line that is no answer are answered `override-file-refused` (garbage to lb, which keeps the
+/// last good report: not the measure, which would undo a drain), and nothing of the file is
+/// repeated.
 #[test]
 fn an_override_file_that_is_not_what_it_seems_is_not_answered() {
     let a = Agent::start("override");
@@ -113,22 +118,26 @@ fn an_override_file_that_is_not_what_it_seems_is_not_answered() {
     a.until("drain");
 
     let secret = a.dir.join("secret");
-    std::fs::write(&secret, "50% root:$6$not-for-anyone\n").expect("write");
+    // An answer lb would read, behind a link: followed, it would be answered.
+    std::fs::write(&secret, "down # root:$6$not-for-anyone\n").expect("write");
     std::fs::remove_file(&over).expect("rm");
     std::os::unix::fs::symlink(&secret, &over).expect("symlink");
-    a.until("100%");
+    a.until(REFUSED);
     std::thread::sleep(Duration::from_millis(700));
-    assert_eq!(a.ask(), Ok("100%".to_string()), "a link is not followed");
+    assert_eq!(a.ask(), Ok(REFUSED.to_string()), "a link is not followed");
 
     std::fs::remove_file(&over).expect("rm");
     nix::unistd::mkfifo(&over, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).expect("mkfifo");
     std::thread::sleep(Duration::from_millis(700));
     for _ in 0..5 {
-        assert_eq!(a.ask(), Ok("100%".to_string()), "a FIFO neither hangs the agent nor is answered");
+        assert_eq!(a.ask(), Ok(REFUSED.to_string()), "a FIFO neither hangs the agent nor is answered");
     }
 
     std::fs::remove_file(&over).expect("rm");
     std::fs::write(&over, "root:x:0:0:root:/root:/bin/bash\n").expect("write");
     std::thread::sleep(Duration::from_millis(700));
-    assert_eq!(a.ask(), Ok("100%".to_string()), "a line that is no answer is not echoed");
+    assert_eq!(a.ask(), Ok(REFUSED.to_string()), "a line that is no answer is not echoed");
+    // Gone: the measure again.
+    std::fs::remove_file(&over).expect("rm");
+    a.until("100%");
 }

@@ -146,7 +146,9 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     # The pool may hold a QUIC-LB key: readable by root and group lb, no one else.
     [ "$(chroot "$root" stat -c '%a %U:%G' /etc/lb/pool.yaml)" = "640 root:lb" ] \
         || fail "/etc/lb/pool.yaml is $(chroot "$root" stat -c '%a %U:%G' /etc/lb/pool.yaml), not 640 root:lb"
-    ! chroot "$root" setpriv --reuid=nobody --regid=nogroup --clear-groups cat /etc/lb/pool.yaml >/dev/null 2>&1 \
+    chroot "$root" setpriv --reuid=lb --regid=lb --clear-groups cat /etc/lb/pool.yaml >/dev/null \
+        || fail "user lb cannot read /etc/lb/pool.yaml"
+    chroot "$root" setpriv --reuid=nobody --regid=nogroup --clear-groups cat /etc/lb/pool.yaml 2>&1 | grep -q "Permission denied" \
         || fail "another user can read /etc/lb/pool.yaml"
     [ "$(chroot "$root" lb --version)" = "$("$LB" --version)" ] || fail "the packaged lb is not this build: $(chroot "$root" lb --version)"
     [ "$(chroot "$root" systemctl is-enabled lb 2>&1)" = disabled ] || fail "the unit is not installed disabled"
@@ -276,8 +278,13 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     in_box systemctl reset-failed lb 2>/dev/null || true
     say "dpkg -r under systemd, of a failed unit whose plane served on: the program detached, every pin removed, /etc/lb kept"
 
-    # Shutdown stops every unit: lb's plane goes with it.
+    # Reinstalled over a pool an earlier package left readable by all (0644 root:root, which dpkg
+    # keeps): closed to root and group lb. Shutdown stops every unit: lb's plane goes with it.
+    in_box chown root:root /etc/lb/pool.yaml || fail "chown the pool"
+    in_box chmod 0644 /etc/lb/pool.yaml || fail "chmod the pool"
     in_box dpkg -i /var/tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -i after dpkg -r"; }
+    [ "$(in_box stat -c '%a %U:%G' /etc/lb/pool.yaml)" = "640 root:lb" ] \
+        || fail "an earlier package's 0644 pool stayed $(in_box stat -c '%a %U:%G' /etc/lb/pool.yaml) after the upgrade"
     in_box systemctl start lb || fail "systemctl start after reinstalling"
     wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing after reinstalling"; }
     in_box systemctl poweroff || fail "systemctl poweroff"

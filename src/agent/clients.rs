@@ -78,9 +78,14 @@ impl Clients {
         let now = Instant::now();
         self.waiting.retain_mut(|c| {
             let mut chunk = [0u8; 512];
+            // The client's end of sending: its request is whatever came.
+            let mut ended = false;
             loop {
                 match c.stream.read(&mut chunk) {
-                    Ok(0) => return false,
+                    Ok(0) => {
+                        ended = true;
+                        break;
+                    }
                     Ok(n) => {
                         c.got.extend_from_slice(&chunk[..n]);
                         if c.got.len() >= MAX_REQUEST {
@@ -92,12 +97,14 @@ impl Clients {
                     Err(_) => return false,
                 }
             }
-            let complete = c.got.windows(4).any(|w| w == b"\r\n\r\n") || c.got.len() >= MAX_REQUEST;
-            if complete {
+            // A head ends with an empty line (CRLF, or bare LF from a hand-typed request); a
+            // client that stopped sending, or whose time is up, is answered by what it sent.
+            let complete = c.got.windows(4).any(|w| w == b"\r\n\r\n") || c.got.windows(2).any(|w| w == b"\n\n") || c.got.len() >= MAX_REQUEST;
+            if complete || ((ended || now >= c.deadline) && !c.got.is_empty()) {
                 let _ = c.stream.write_all(answer(&c.got, line).as_bytes());
                 return false;
             }
-            now < c.deadline
+            !ended && now < c.deadline
         });
     }
 }
@@ -167,5 +174,40 @@ mod tests {
         newest.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
         assert!(newest.read(&mut buf).is_err(), "the newest still waits for its answer");
         assert_eq!(answer(b"POST / HTTP/1.0\r\n\r\n", "50%"), "HTTP/1.0 400 Bad Request\r\nConnection: close\r\n\r\n");
+    }
+
+    #[test]
+    fn a_request_is_answered_when_its_sender_stops_or_its_time_is_up() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let mut clients = Clients::new(true);
+        // A GET and the end of sending, together; a bare-LF head; a head never ended.
+        let mut shut = TcpStream::connect(addr).expect("connect");
+        shut.write_all(b"GET /load HTTP/1.0\r\n").expect("send");
+        shut.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        let mut lf = TcpStream::connect(addr).expect("connect");
+        lf.write_all(b"GET /\n\n").expect("send");
+        let mut open = TcpStream::connect(addr).expect("connect");
+        open.write_all(b"GET /load HTTP/1.0\r\n").expect("send");
+        let started = Instant::now();
+        while clients.waiting.len() < 3 && started.elapsed() < Duration::from_secs(2) {
+            clients.accept(&listener, "drain");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        clients.serve("drain");
+        for (what, s) in [("ended", &mut shut), ("bare LF", &mut lf)] {
+            s.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+            let mut got = String::new();
+            let _ = s.read_to_string(&mut got);
+            assert!(got.ends_with("\r\n\r\ndrain\n"), "{what}: {got:?}");
+        }
+        assert_eq!(clients.waiting.len(), 1, "the open one waits for the rest of its head");
+        std::thread::sleep(DEADLINE);
+        clients.serve("drain");
+        open.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+        let mut got = String::new();
+        let _ = open.read_to_string(&mut got);
+        assert!(got.ends_with("\r\n\r\ndrain\n"), "at its deadline, by what it sent: {got:?}");
     }
 }

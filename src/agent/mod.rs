@@ -155,8 +155,13 @@ impl Meter {
     }
 }
 
+/// What a refused override file is answered as: a word lb reads as garbage, so that lb counts it
+/// and keeps the backend's last good report. Not the measure, which would put a backend the
+/// operator meant to drain (`drian`, a file being rewritten, a link) back at full weight.
+const REFUSED: &str = "override-file-refused";
+
 /// What the override file says now (None: no file, or none given). A refusal is logged when it
-/// is new (`refused` holds the last one logged) and answered by the measure.
+/// is new (`refused` holds the last one logged) and answered as [`REFUSED`].
 fn override_line(file: Option<&PathBuf>, refused: &mut Option<String>) -> Option<String> {
     let file = file?;
     match override_file::read(file) {
@@ -170,10 +175,10 @@ fn override_line(file: Option<&PathBuf>, refused: &mut Option<String>) -> Option
         }
         override_file::Override::Refused(why) => {
             if refused.as_ref() != Some(&why) {
-                log(format!("agent: the override file {} is not answered: {why}; the measure is", file.display()));
+                log(format!("agent: the override file {} is refused: {why}; answering {REFUSED:?}, which lb counts as garbage, keeping the last good report", file.display()));
                 *refused = Some(why);
             }
-            None
+            Some(REFUSED.to_string())
         }
     }
 }
