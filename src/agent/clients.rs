@@ -123,12 +123,17 @@ fn answer(request: &[u8], line: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn idle_clients_do_not_hold_up_one_that_asks() {
+    /// A nonblocking loopback listener, its address, and HTTP clients to serve from it.
+    fn http_clients() -> (TcpListener, std::net::SocketAddr, Clients) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
-        let mut clients = Clients::new(true);
+        (listener, addr, Clients::new(true))
+    }
+
+    #[test]
+    fn idle_clients_do_not_hold_up_one_that_asks() {
+        let (listener, addr, mut clients) = http_clients();
         let idle: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(addr).expect("connect")).collect();
         let mut asking = TcpStream::connect(addr).expect("connect");
         asking.write_all(b"GET /load HTTP/1.0\r\n\r\n").expect("ask");
@@ -150,10 +155,7 @@ mod tests {
 
     #[test]
     fn at_most_max_open_wait_and_the_oldest_go_first() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
-        let mut clients = Clients::new(true);
+        let (listener, addr, mut clients) = http_clients();
         // Accepted as they come (the listener's backlog is shorter than that).
         let mut idle = Vec::new();
         let mut accepted = 0;
@@ -178,10 +180,7 @@ mod tests {
 
     #[test]
     fn a_request_is_answered_when_its_sender_stops_or_its_time_is_up() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
-        let mut clients = Clients::new(true);
+        let (listener, addr, mut clients) = http_clients();
         // A GET and the end of sending, together; a bare-LF head; a head never ended.
         let mut shut = TcpStream::connect(addr).expect("connect");
         shut.write_all(b"GET /load HTTP/1.0\r\n").expect("send");

@@ -281,8 +281,9 @@ impl Agents {
         let kept = self.loads.clone();
         self.loads.renew(Some(old), new, unix_ms());
         self.asking.retain(|k, _| new.service(&k.0).is_some_and(|s| s.agent.is_some()));
-        self.last_outcome.retain(|k, _| new.service(&k.0).is_some_and(|s| s.backends.iter().any(|b| b.identity() == k.1)));
-        self.change_log.last.retain(|(k, _), _| new.service(&k.0).is_some_and(|s| s.backends.iter().any(|b| b.identity() == k.1)));
+        let in_pool = |k: &Key| new.service(&k.0).is_some_and(|s| s.backends.iter().any(|b| b.identity() == k.1));
+        self.last_outcome.retain(|k, _| in_pool(k));
+        self.change_log.last.retain(|(k, _), _| in_pool(k));
         kept
     }
 
