@@ -5,6 +5,7 @@
 //! current (re-read every second: an address added to the host is decapsulated for within a
 //! second), and prints its counters on request and at exit.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
@@ -24,6 +25,16 @@ use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_pr
 
 /// How often this host's addresses are re-read.
 const ADDRESS_REFRESH: Duration = Duration::from_secs(1);
+
+/// Second chance: how often the next hops found unresolved are looked at (a packet to one is
+/// dropped until its MAC is known, and TCP sends it again after 200 ms at the soonest), how
+/// often each is asked for again while it stays unresolved, and when it is forgotten, so that a
+/// later packet to it starts a new wait (the program gives up waiting after 3 s).
+const RESOLVE_POLL: Duration = Duration::from_millis(50);
+const RESOLVE_AGAIN: Duration = Duration::from_secs(1);
+const RESOLVE_FORGET: Duration = Duration::from_secs(10);
+/// At most this many next hops are asked for per look (the map holds 256).
+const RESOLVE_BURST: usize = 32;
 
 /// `lb decap`'s flags.
 #[derive(clap::Args)]
@@ -94,8 +105,8 @@ fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
     );
     if second_chance {
         text += &format!(
-            ", hop_local {}, sent_on {}, exhausted {}, no_route {}, hop_refused {}",
-            c.hop_local, c.sent_on, c.exhausted, c.no_route, c.hop_refused
+            ", hop_local {}, sent_on {}, exhausted {}, no_route {}, hop_refused {}, unresolved {}",
+            c.hop_local, c.sent_on, c.exhausted, c.no_route, c.hop_refused, c.unresolved
         );
     }
     text
@@ -134,6 +145,32 @@ fn loopback_forwarding_off() -> Vec<&'static str> {
         .filter(|(path, _)| std::fs::read_to_string(path).is_ok_and(|now| now.trim() != "1"))
         .map(|&(_, name)| name)
         .collect()
+}
+
+/// Has the kernel resolve the next hops second chance found on the link with no MAC known (a
+/// packet to each was dropped, and its sender will send it again): each is asked for at once
+/// and again every second while it stays so, and forgotten after a while. `asked` holds when
+/// each was last asked for.
+fn resolve_next_hops(dp: &Decap, asked: &mut HashMap<IpAddr, Instant>, now: Instant) -> Result<()> {
+    let hops = dp.unresolved()?;
+    asked.retain(|a, _| hops.iter().any(|(h, _)| h == a));
+    let mut burst = 0;
+    for (hop, age) in hops {
+        if age >= RESOLVE_FORGET {
+            dp.forget_unresolved(hop)?;
+            asked.remove(&hop);
+            continue;
+        }
+        if burst < RESOLVE_BURST && asked.get(&hop).is_none_or(|t| now.duration_since(*t) >= RESOLVE_AGAIN) {
+            if !asked.contains_key(&hop) {
+                log(format!("second chance: next hop {hop} has no known MAC: resolving it"));
+            }
+            lb::dataplane::netlink::prime(hop);
+            asked.insert(hop, now);
+            burst += 1;
+        }
+    }
+    Ok(())
 }
 
 /// The address family ("IPv4", "IPv6") more than half of whose addresses `prefixes` cover
@@ -262,11 +299,13 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let mut next_refresh = started + ADDRESS_REFRESH;
     let mut next_stats = stats_interval.map(|i| started + i);
+    let mut next_resolve = second_chance.then(|| started + RESOLVE_POLL);
+    let mut asked: HashMap<IpAddr, Instant> = HashMap::new();
     // The loopback's forwarding switches someone turned off since the start, as last seen.
     let mut forwarding_off: Vec<&str> = Vec::new();
     let stop = loop {
         let now = Instant::now();
-        let wake = next_stats.map_or(next_refresh, |t| t.min(next_refresh));
+        let wake = [next_stats, next_resolve].into_iter().flatten().fold(next_refresh, Instant::min);
         let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::try_from(wake.saturating_duration_since(now)).unwrap_or(PollTimeout::MAX)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -276,6 +315,10 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
             break Signal::try_from(sig.ssi_signo as i32).map_or("a signal", |s| s.as_str()).to_string();
         }
         let now = Instant::now();
+        if next_resolve.is_some_and(|t| now >= t) {
+            next_resolve = Some(now + RESOLVE_POLL);
+            resolve_next_hops(&dp, &mut asked, now)?;
+        }
         if now >= next_refresh {
             next_refresh = now + ADDRESS_REFRESH;
             let addrs = host_addresses()?;

@@ -55,6 +55,19 @@ struct {
 	__type(value, __u8);
 } allow_from SEC(".maps");
 
+/* Second chance: the next hops found on the link with no MAC known, each with when it was
+ * first found so (bpf_ktime_get_ns()). lb decap reads it, has the kernel resolve each, and
+ * deletes the entries it is done with. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct lb_addr);
+	__type(value, __u64);
+} unresolved SEC(".maps");
+
+/* How long packets to an unresolved next hop are dropped before they are delivered here. */
+#define LB_DECAP_RESOLVE_NS (3ULL * 1000 * 1000 * 1000)
+
 /* Counters, indexed by enum lb_decap_stat. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

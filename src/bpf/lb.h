@@ -406,6 +406,10 @@ enum lb_decap_stat {
 				* or its route leaves by another interface: delivered here */
 	LB_DECAP_HOP_REFUSED,  /* second chance: the next hop is outside the allow-list (lb decap
 				* sends only to the hosts it trusts): delivered here */
+	LB_DECAP_HOP_UNRESOLVED, /* second chance: the next hop is on the link but its MAC is not
+				  * known yet: dropped (the sender retransmits) while lb decap has
+				  * the kernel resolve it, for at most LB_DECAP_RESOLVE_NS; after
+				  * that, counted no_route and delivered here */
 	LB_DECAP_STAT_MAX,
 };
 

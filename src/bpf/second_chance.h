@@ -19,15 +19,95 @@ struct hops_at {
 #define AF_INET_ 2
 #define AF_INET6_ 10
 
+/* The kernel's conntrack, where this kernel has it (lb decap runs on kernels without it too). */
+extern struct nf_conn *bpf_xdp_ct_lookup(struct xdp_md *ctx, struct bpf_sock_tuple *tuple, __u32 tuple__sz,
+					 struct bpf_ct_opts *opts, __u32 opts__sz) __ksym __weak;
+extern void bpf_ct_release(struct nf_conn *ct) __ksym __weak;
+/* The kernel's clock rate, for its SYN-cookie bookkeeping (in jiffies); 0 where libbpf cannot
+ * read the kernel's configuration. */
+extern int CONFIG_HZ __kconfig __weak;
+
+/* bpf_ct_opts as kernels since 6.1 take it (netns, error, protocol, direction); later ones
+ * accept this size as well as their longer one. */
+#define CT_OPTS_SIZE 12
+
+/* Whether this host's conntrack follows the connection of tuple `t` (the client's direction)
+ * as one still open: the only trace a connection leaves here when the host rewrites its
+ * destination (a REDIRECT or DNAT from VIP:port to a local port, as kube-proxy, Istio or a
+ * proxy on 8080 do), for then no socket has the VIP's tuple. Conntrack's own TIME_WAIT and CLOSE
+ * are over: like a TIME_WAIT socket (below), they hold no live peer. */
+static __always_inline int tracked_here(struct xdp_md *ctx, struct bpf_sock_tuple *t, __u32 tlen)
+{
+	struct bpf_ct_opts opts = {};
+	struct nf_conn *ct;
+	__u8 state;
+
+	if (!bpf_ksym_exists(bpf_xdp_ct_lookup))
+		return 0;
+	opts.netns_id = BPF_F_CURRENT_NETNS;
+	opts.l4proto = IPPROTO_TCP;
+	ct = bpf_xdp_ct_lookup(ctx, t, tlen, &opts, CT_OPTS_SIZE);
+	if (!ct)
+		return 0;
+	state = ct->proto.tcp.state;
+	bpf_ct_release(ct);
+	return state >= TCP_CONNTRACK_SYN_SENT && state <= TCP_CONNTRACK_LAST_ACK;
+}
+
+/* Whether the segment `th` lies near the receive window of the closing socket `sk` (within a
+ * window, at least 64 KiB, either side of the next byte it expects): a peer that has closed, or
+ * whose socket this host closed, sends nothing else; a new connection that reuses the tuple
+ * starts at a random sequence number, which lands there about once in 2^15 (64 KiB windows). */
+static __always_inline int in_window(struct bpf_sock *sk, struct tcphdr *th)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	__u32 win;
+
+	if (!tp)
+		return 1;
+	win = tp->rcv_wnd;
+	if (win < 65535)
+		win = 65535;
+	return bpf_ntohl(th->seq) - (tp->rcv_nxt - win) <= 2 * win;
+}
+
+/* Whether the listener `sk` sent a SYN cookie lately: the kernel takes a cookie's ACK for a
+ * listener only within two minutes of its last cookie (tcp_synq_no_recent_overflow(), from a
+ * second before), noted per listener or per SO_REUSEPORT group. The secret that signs cookies
+ * is one per kernel, not per network namespace: without this, a backend in a container would
+ * take as its own the cookie another container on the same host sent. */
+static __always_inline int sent_cookies_lately(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	struct sock_reuseport *group;
+	__u32 hz = CONFIG_HZ > 0 ? CONFIG_HZ : 1000, last, now;
+
+	if (!tp)
+		return 0;
+	group = tp->inet_conn.icsk_inet.sk.sk_reuseport_cb;
+	last = group ? group->synq_overflow_ts : (__u32)tp->rx_opt.ts_recent_stamp;
+	now = (__u32)bpf_jiffies64();
+	return now - (last - hz) <= 121 * hz;
+}
+
 /* Whether this host holds the connection of the TCP segment `th` in the inner packet `iph` (of
- * `family`, `iph_len` bytes of header): a socket other than a listener (established, closing,
- * a request socket of a handshake under way, TIME_WAIT), or, with only a listener, the ACK that
- * completes a handshake answered with one of this host's SYN cookies. */
+ * `family`), by the state of the socket its tuple finds (docs/fleet.md, "Second chance"):
+ * - open or opening (a handshake under way, established): yes;
+ * - closing (FIN_WAIT1/2, CLOSING, CLOSE_WAIT, LAST_ACK): if the segment's sequence number is
+ *   near the socket's window (in_window()); else it belongs to a new connection elsewhere that
+ *   reuses the tuple;
+ * - TIME_WAIT: no: the connection is over, and a packet of the tuple is a new connection's
+ *   (delivered here, the kernel would answer it with a stale ACK and keep the live one hanging);
+ * - a listener: the ACK that completes a handshake answered with one of this listener's SYN
+ *   cookies, or a connection this host's conntrack follows (a listener on the VIP's port beside
+ *   a REDIRECT to another);
+ * - none: a connection this host's conntrack follows (a REDIRECT or DNAT). */
 static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *th, __u8 family)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
-	int mine = 0;
+	__u32 tlen;
+	int mine = 0, ask_conntrack = 0;
 
 	if (family == LB_FAMILY_V4) {
 		struct iphdr *in = iph;
@@ -36,7 +116,7 @@ static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *t
 		t.ipv4.daddr = in->daddr;
 		t.ipv4.sport = th->source;
 		t.ipv4.dport = th->dest;
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		tlen = sizeof(t.ipv4);
 	} else {
 		struct ipv6hdr *in = iph;
 
@@ -44,17 +124,34 @@ static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *t
 		__builtin_memcpy(t.ipv6.daddr, &in->daddr, 16);
 		t.ipv6.sport = th->source;
 		t.ipv6.dport = th->dest;
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+		tlen = sizeof(t.ipv6);
 	}
+	sk = bpf_skc_lookup_tcp(ctx, &t, tlen, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
-		return 0;
-	if (sk->state != BPF_TCP_LISTEN)
+		return tracked_here(ctx, &t, tlen);
+	switch (sk->state) {
+	case BPF_TCP_TIME_WAIT:
+		break;
+	case BPF_TCP_LISTEN:
+		if (th->ack && !th->syn && !th->rst &&
+		    (family == LB_FAMILY_V4 ? bpf_tcp_raw_check_syncookie_ipv4(iph, th)
+					    : bpf_tcp_raw_check_syncookie_ipv6(iph, th)) == 0)
+			mine = sent_cookies_lately(sk);
+		ask_conntrack = !mine;
+		break;
+	case BPF_TCP_FIN_WAIT1:
+	case BPF_TCP_FIN_WAIT2:
+	case BPF_TCP_CLOSE:
+	case BPF_TCP_CLOSE_WAIT:
+	case BPF_TCP_LAST_ACK:
+	case BPF_TCP_CLOSING:
+		mine = in_window(sk, th);
+		break;
+	default:
 		mine = 1;
-	else if (th->ack && !th->syn && !th->rst)
-		mine = (family == LB_FAMILY_V4 ? bpf_tcp_raw_check_syncookie_ipv4(iph, th)
-					       : bpf_tcp_raw_check_syncookie_ipv6(iph, th)) == 0;
+	}
 	bpf_sk_release(sk);
-	return mine;
+	return mine || (ask_conntrack && tracked_here(ctx, &t, tlen));
 }
 
 /* Whether this host holds the connection an ICMP error at `ic` (in an inner packet of `family`)
@@ -99,8 +196,8 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
 	}
 	if (!sk)
-		return 0;
-	mine = sk->state != BPF_TCP_LISTEN;
+		return tracked_here(ctx, &t, family == LB_FAMILY_V4 ? sizeof(t.ipv4) : sizeof(t.ipv6));
+	mine = sk->state != BPF_TCP_LISTEN && sk->state != BPF_TCP_TIME_WAIT;
 	bpf_sk_release(sk);
 	return mine;
 }
@@ -213,13 +310,29 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 		__builtin_memcpy(fib.ipv6_dst, hop, 16);
 	}
 	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
-		return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
 	/* Out of the interface it came in on, to the next hop's MAC (XDP_TX): a route by another
 	 * interface (a VLAN device, a bond, another NIC) would need a redirect that drops the
 	 * packet unseen wherever that device takes no XDP frames. Delivered here instead. */
-	if (fib.ifindex != ctx->ingress_ifindex)
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || fib.ifindex != ctx->ingress_ifindex)
 		return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
+	/* A next hop on the link whose MAC this host has not learnt: backends on one segment that
+	 * never talked to each other. Dropped (TCP sends it again) while lb decap, which finds the
+	 * hop in `unresolved`, has the kernel resolve it; a hop that stays unresolved past
+	 * LB_DECAP_RESOLVE_NS (gone, or not answering) gets the packet delivered here, as with no
+	 * route. */
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct lb_addr key = {};
+		__u64 now = bpf_ktime_get_ns(), *since;
+
+		__builtin_memcpy(key.addr, hop, 16);
+		key.family = outer;
+		since = bpf_map_lookup_elem(&unresolved, &key);
+		if (!since)
+			bpf_map_update_elem(&unresolved, &key, &now, BPF_NOEXIST);
+		else if (now - *since > LB_DECAP_RESOLVE_NS)
+			return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
+		return dcount(LB_DECAP_HOP_UNRESOLVED, XDP_DROP);
+	}
 	/* Sent on: from this host (the address the packet came to) to the hop, one hop fewer to
 	 * live, the list's index past it. The UDP checksum is zero, as lb sends it. */
 	data = (void *)(long)ctx->data;

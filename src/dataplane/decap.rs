@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::encode::{addr_words, bytes_of, value_of};
+use super::encode::{addr_of, addr_words, bytes_of, value_of};
 
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod skel {
@@ -54,6 +54,9 @@ pub struct DecapCounters {
     pub no_route: u64,
     /// Second chance: packets whose next hop is outside the allow-list: decapsulated here.
     pub hop_refused: u64,
+    /// Second chance: packets whose next hop is on the link with no MAC known yet: dropped
+    /// (the sender sends them again) while the kernel resolves it, for at most 3 s.
+    pub unresolved: u64,
 }
 
 /// Every address of either family: what `lb decap --allow-any` allows.
@@ -146,7 +149,36 @@ impl Decap {
             exhausted: read(S::LB_DECAP_HOP_EXHAUSTED)?,
             no_route: read(S::LB_DECAP_HOP_NO_ROUTE)?,
             hop_refused: read(S::LB_DECAP_HOP_REFUSED)?,
+            unresolved: read(S::LB_DECAP_HOP_UNRESOLVED)?,
         })
+    }
+
+    /// The next hops second chance found on the link with no MAC known, each with how long
+    /// ago it was first found so (by the kernel's monotonic clock, which is CLOCK_MONOTONIC).
+    pub fn unresolved(&self) -> Result<Vec<(IpAddr, std::time::Duration)>> {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).context("reading the monotonic clock")?;
+        let now = std::time::Duration::from(now);
+        let mut out = Vec::new();
+        for key in self.skel.maps.unresolved.keys() {
+            let Some(value) = self.skel.maps.unresolved.lookup(&key, MapFlags::ANY)? else { continue };
+            let k: skel::types::lb_addr = value_of(&key);
+            let since = std::time::Duration::from_nanos(value_of::<u64>(&value));
+            if let Some(a) = addr_of(&k.addr, k.family) {
+                out.push((a, now.saturating_sub(since)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets `addr` as an unresolved next hop: the next packet for it starts a new wait.
+    pub fn forget_unresolved(&self, addr: IpAddr) -> Result<()> {
+        let (words, family) = addr_words(addr);
+        let key = skel::types::lb_addr { addr: words, family, ..Default::default() };
+        match self.skel.maps.unresolved.delete(bytes_of(&key)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("forgetting the unresolved next hop {addr}")),
+        }
     }
 
     /// Runs the program once on `frame` through BPF_PROG_TEST_RUN: (XDP action, output frame).

@@ -261,3 +261,41 @@ pub fn v6(s: &str) -> Ipv6Addr {
 pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("IP literal")
 }
+
+/// The hop list's type for IPv6 hops (lb.h, enum lb_gue_hops_layout): "L6".
+pub const HOPS_V6: u16 = 0x4c36;
+
+/// The GUE header lb puts behind the UDP header: nothing (version 1) without hops, else
+/// version 0 with Hlen covering the hop list's block and its hops (of the outer family).
+pub fn gue_header(outer_v4: bool, inner_v4: bool, hops: &[IpAddr], next: u8) -> Vec<u8> {
+    if hops.is_empty() {
+        return Vec::new();
+    }
+    let each = if outer_v4 { 4 } else { 16 };
+    let mut g = vec![((4 + each * hops.len()) / 4) as u8, if inner_v4 { 4 } else { 41 }, 0, 0];
+    g.extend_from_slice(&(if outer_v4 { 0u16 } else { HOPS_V6 }).to_be_bytes());
+    g.push(next);
+    g.push(hops.len() as u8);
+    for h in hops {
+        match h {
+            IpAddr::V4(a) => {
+                assert!(outer_v4, "an IPv4 hop in an IPv6 outer header");
+                g.extend_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                assert!(!outer_v4, "an IPv6 hop in an IPv4 outer header");
+                g.extend_from_slice(&a.octets());
+            }
+        }
+    }
+    g
+}
+
+/// The outer destination of a frame lb sent.
+pub fn outer_dst(out: &[u8]) -> IpAddr {
+    match u16::from_be_bytes([out[12], out[13]]) {
+        0x0800 => IpAddr::V4(Ipv4Addr::new(out[30], out[31], out[32], out[33])),
+        0x86DD => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&out[38..54]).expect("16"))),
+        t => panic!("ethertype {t:#x}"),
+    }
+}
