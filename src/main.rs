@@ -72,9 +72,10 @@ enum Command {
         /// The interface the pinned program is attached to.
         #[arg(value_name = "IFACE")]
         iface: String,
-        /// The bpffs directory `lb attach --pin` pinned under (its --pin-dir).
-        #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
-        pin_dir: PathBuf,
+        /// The bpffs directory `lb attach --pin` pinned under (its --pin-dir) [default:
+        /// /sys/fs/bpf/lb, then lb.service's /sys/fs/bpf/lb-unit]
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
     },
     /// Show a pinned data plane from its maps: program, controller, services, backends, counters.
     Status {
@@ -84,9 +85,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// The bpffs directory `lb attach --pin` pinned under (its --pin-dir).
-        #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
-        pin_dir: PathBuf,
+        /// The bpffs directory `lb attach --pin` pinned under (its --pin-dir) [default:
+        /// /sys/fs/bpf/lb, then lb.service's /sys/fs/bpf/lb-unit]
+        #[arg(long, value_name = "DIR")]
+        pin_dir: Option<PathBuf>,
     },
     /// On IFACE, strip lb's IPIP and GUE encapsulation from packets an allowed source sends to
     /// this host, when the packet inside is for this host too: the backend side of
@@ -173,11 +175,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Detach { iface, pin_dir } => {
             drop(out);
-            return pinned::detach(&iface, &pin_dir);
+            return pinned::detach(&iface, pin_dir.as_deref());
         }
         Command::Status { iface, json, pin_dir } => {
             drop(out);
-            return pinned::status(&iface, &pin_dir, json);
+            return pinned::status(&iface, pin_dir.as_deref(), json);
         }
         Command::Decap(args) => {
             drop(out);

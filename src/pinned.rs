@@ -35,14 +35,37 @@ fn release_keeps_marks(release: &str) -> bool {
     }
 }
 
-/// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
-pub fn detach(iface: &str, root: &Path) -> Result<ExitCode> {
-    check_privileges()?;
-    let dir = plane_dir(root, iface)?;
-    if !pin::has_link(&dir) {
-        eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
-        return Ok(ExitCode::FAILURE);
+/// Where lb.service pins (configs/systemd/lb.service): a directory of its own, so that what
+/// it detaches when stopped is its own and never a plane someone pinned at the default.
+pub const UNIT_PIN_DIR: &str = "/sys/fs/bpf/lb-unit";
+
+/// The directory of IFACE's plane that `lb status` and `lb detach` read, under `--pin-dir` when
+/// given; otherwise under the default, or under lb.service's when IFACE has a plane there and
+/// none at the default. (The unit pinned at the default before it had a directory of its own:
+/// a root shell's `lb status eth0` found its plane, and still does.) `None`: no plane for IFACE
+/// in either, said on stderr.
+fn find_plane(given: Option<&Path>, iface: &str) -> Result<Option<PathBuf>> {
+    let roots: Vec<&Path> = match given {
+        Some(root) => vec![root],
+        None => vec![Path::new(pin::DEFAULT_PIN_DIR), Path::new(UNIT_PIN_DIR)],
+    };
+    for root in &roots {
+        let dir = plane_dir(root, iface)?;
+        if pin::has_link(&dir) {
+            return Ok(Some(dir));
+        }
     }
+    let searched: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    eprintln!("lb: error: no pinned lb data plane for {iface} in {}", searched.join(" or "));
+    Ok(None)
+}
+
+/// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
+pub fn detach(iface: &str, given: Option<&Path>) -> Result<ExitCode> {
+    check_privileges()?;
+    let Some(dir) = find_plane(given, iface)? else {
+        return Ok(ExitCode::FAILURE);
+    };
     let Some(_lock) = pin::lock_patiently(&dir, pin::LOCK_PATIENCE)? else {
         let pid = PinnedMaps::open(&dir).ok().and_then(|m| m.meta().ok().flatten()).map_or(0, |m| m.controller_pid);
         bail!("lb (pid {pid}) controls {iface}'s data plane; stop it (it leaves the data plane pinned), then detach");
@@ -151,13 +174,11 @@ fn flock_held(locks: &str, id: &str) -> bool {
 }
 
 /// `lb status IFACE`: what the pinned data plane holds and counts, from any process.
-pub fn status(iface: &str, root: &Path, json: bool) -> Result<ExitCode> {
+pub fn status(iface: &str, given: Option<&Path>, json: bool) -> Result<ExitCode> {
     check_privileges()?;
-    let dir = plane_dir(root, iface)?;
-    if !pin::has_link(&dir) {
-        eprintln!("lb: error: no pinned lb data plane for {iface} in {}", root.display());
+    let Some(dir) = find_plane(given, iface)? else {
         return Ok(ExitCode::FAILURE);
-    }
+    };
     let link = pin::open_pinned(&dir.join(pin::LINK))?;
     let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
     let maps = PinnedMaps::open(&dir)?;

@@ -4,7 +4,9 @@
 # nothing behind; and the unit under a real systemd, booted in that root by systemd-nspawn
 # inside the test's lb namespace: it serves as user lb with only its three capabilities,
 # `systemctl restart` under traffic breaks no connection, `systemctl stop` leaves nothing
-# attached.
+# attached. Beside it, a plane an operator pinned by hand at the default --pin-dir is never
+# the unit's or the package's: they neither give it to user lb nor detach it, and a purge
+# that leaves pins of user lb's keeps the user.
 #
 # This machine's PID 1 is not systemd; systemd-nspawn --boot runs one as PID 1 of its own PID
 # and mount namespaces. Two things a systemd host has and a container does not are given to it:
@@ -33,7 +35,11 @@ package_teardown() {
         done
     done
     if [ -n "${PINS:-}" ]; then
-        ip netns exec "$PREFIX-lb" "$LB" detach eth0 --pin-dir "$PINS/lb" >/dev/null 2>&1 || true
+        umount "$WORK/root/sys/fs/bpf" 2>/dev/null || true
+        local plane
+        for plane in lb-unit:eth0 lb:eth0 lb:hand0; do
+            ip netns exec "$PREFIX-lb" "$LB" detach "${plane#*:}" --pin-dir "$PINS/${plane%:*}" >/dev/null 2>&1 || true
+        done
         umount "$PINS" 2>/dev/null || true
         rmdir "$PINS" 2>/dev/null || true
     fi
@@ -73,10 +79,35 @@ journal_tail() { in_box journalctl -u lb --no-pager | tail -20 >&2; }
 
 unit_is() { [ "$(in_box systemctl is-active lb 2>/dev/null)" = "$1" ]; }
 
-# After WHAT (a stop, a removal, a shutdown): no program on eth0 and no pin left.
+# After WHAT (a stop, a removal, a shutdown): no program on eth0 and no pin left in the unit's
+# directory (/sys/fs/bpf/lb-unit in the booted root, whose /sys/fs/bpf is $PINS).
 plane_gone() { # WHAT
     wait_until 100 0.05 xdp_detached || fail "$1 left the program attached"
-    [ -z "$(find "$PINS/lb" -mindepth 1 2>/dev/null)" ] || fail "$1 left pins: $(find "$PINS/lb" -mindepth 1 | head -3)"
+    [ -z "$(find "$PINS/lb-unit" -mindepth 1 2>/dev/null)" ] || fail "$1 left pins: $(find "$PINS/lb-unit" -mindepth 1 | head -3)"
+}
+
+# An operator's `lb attach IFACE --pin` as root in the booted root, at the default --pin-dir
+# (/sys/fs/bpf/lb), ended once it serves: its plane stays attached and pinned with no
+# controller, as lb leaves it.
+hand_attach() { # IFACE CONFIG XDP-MODE
+    # shellcheck disable=SC2016 # expanded by the root's sh
+    in_box sh -c '
+        : >/tmp/hand.log
+        lb attach "$1" --config "$2" --xdp-mode "$3" --resolve-timeout 0.1 --pin >>/tmp/hand.log 2>&1 &
+        p=$!
+        for _ in $(seq 1 200); do grep -q "serving;" /tmp/hand.log && break; kill -0 $p 2>/dev/null || break; sleep 0.05; done
+        kill $p 2>/dev/null; wait $p
+        grep -q "left the data plane" /tmp/hand.log || { cat /tmp/hand.log >&2; exit 1; }' sh "$@"
+}
+
+# After WHAT, the operator's plane on hand0 is still attached, its pins where lb put them
+# (/sys/fs/bpf/lb/NS/hand0) and every one owned by UID:GID.
+hand_serves() { # WHAT UID:GID
+    ip -n "$PREFIX-lb" -d link show dev hand0 | grep -q 'prog/xdp' || fail "$1 detached the plane an operator pinned on hand0"
+    compgen -G "$PINS/lb/net*/hand0/link" >/dev/null || fail "$1 removed the pins of the operator's plane on hand0"
+    local other
+    other=$(find "$PINS"/lb/net*/hand0 \( ! -uid "${2%:*}" -o ! -gid "${2#*:}" \) -printf '%p %U:%G\n' | head -3)
+    [ -z "$other" ] || fail "$1 changed the owner of the operator's pins on hand0 (not $2): $other"
 }
 
 # The paths of ROOT's files, with mode and owner, for the before and after of a purge. dpkg's
@@ -88,7 +119,7 @@ root_files() { # ROOT
 }
 
 test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # MODE
-    local mode=$1 deb root uid caps want_caps before
+    local mode=$1 deb root uid gid caps want_caps before
     # The package's tools (lintian, debootstrap, systemd-container, cargo-deb) are installed, and
     # the package made from this build (scripts/package.sh --no-build), when the test runs, unless LB_DEB
     # names a package. (cargo-deb compiles for half a minute the first time: at full priority,
@@ -192,6 +223,15 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     # walk /sys/fs/bpf.
     [ "$(in_box stat -c %a /sys/fs/bpf)" = 1700 ] || fail "the root's /sys/fs/bpf is mode $(in_box stat -c %a /sys/fs/bpf), not a host's 1700"
     ! in_box setpriv --reuid=lb --regid=lb --clear-groups ls /sys/fs/bpf >/dev/null 2>&1 || fail "user lb can list the root's /sys/fs/bpf"
+    # An operator's own plane, pinned by hand as root at the default --pin-dir before lb.service
+    # first starts, on a link of its own (hand0, a veth whose peer stays in the namespace).
+    ip -n "$PREFIX-lb" link add hand0 type veth peer name hand1 || fail "ip link add hand0"
+    ip -n "$PREFIX-lb" link set hand0 up || fail "ip link set hand0 up"
+    ip -n "$PREFIX-lb" link set hand1 up || fail "ip link set hand1 up"
+    ip -n "$PREFIX-lb" addr add 192.0.2.1/24 dev hand0 || fail "ip addr add on hand0"
+    printf 'services:\n  - name: hand\n    vip: 192.0.2.100\n    port: 80\n    backends: [{address: 192.0.2.11, name: h1}]\n' >"$root/root/hand.yaml"
+    hand_attach hand0 /root/hand.yaml generic || fail "lb attach hand0 --pin, as root in the booted root"
+    hand_serves "lb attach hand0 --pin" 0:0
 
     in_box systemd-analyze verify lb.service >"$WORK/verify.out" 2>&1 || { cat "$WORK/verify.out" >&2; fail "systemd-analyze verify lb.service"; }
     in_box systemctl enable --now lb >/dev/null 2>&1 || true
@@ -200,15 +240,22 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     local pid
     pid=$(in_box systemctl show -p MainPID --value lb)
     uid=$(in_box id -u lb)
+    gid=$(in_box id -g lb)
     in_box cat "/proc/$pid/status" >"$WORK/status"
     [ "$(awk '/^Uid:/ { print $2 $3 $4 $5 }' "$WORK/status")" = "$uid$uid$uid$uid" ] || fail "lb does not run as user lb: $(grep Uid "$WORK/status")"
     # CAP_NET_ADMIN (12), CAP_PERFMON (38), CAP_BPF (39): effective, permitted and bounding.
     want_caps=000000c000001000
+    # The unit's start made its own pin directory and gave user lb that alone.
+    hand_serves "lb.service's start" 0:0
+    [ "$(stat -c '%u:%g %a' "$PINS/lb-unit")" = "$uid:$gid 700" ] || fail "/sys/fs/bpf/lb-unit is $(stat -c '%u:%g %a' "$PINS/lb-unit"), not user lb's, mode 700"
+    [ "$(stat -c '%u:%g' "$PINS/lb")" = "0:0" ] || fail "lb.service's start gave /sys/fs/bpf/lb (the default --pin-dir) to $(stat -c '%u:%g' "$PINS/lb")"
     caps=$(awk '/^Cap(Eff|Prm|Bnd):/ { printf "%s ", $2 }' "$WORK/status")
     [ "$caps" = "$want_caps $want_caps $want_caps " ] || fail "lb's capabilities (effective, permitted, bounding): $caps"
     ip netns exec "$PREFIX-lb" curl -s --max-time 5 http://127.0.0.1:9100/metrics >"$WORK/metrics" || fail "no /metrics"
-    # The pins are in /sys/fs/bpf/lb (lb saw it as /run/lb/bpf), where a root shell finds them.
-    compgen -G "$PINS/lb/net*/eth0/link" >/dev/null || fail "nothing pinned in the root's /sys/fs/bpf/lb/NS/eth0"
+    # The pins are in /sys/fs/bpf/lb-unit (lb saw it as /run/lb/bpf), where lb status from a root
+    # shell finds them without --pin-dir; the operator's plane at the default, beside them, too.
+    compgen -G "$PINS/lb-unit/net*/eth0/link" >/dev/null || fail "nothing pinned in the root's /sys/fs/bpf/lb-unit/NS/eth0"
+    in_box lb status hand0 >"$WORK/handstatus" 2>&1 || { cat "$WORK/handstatus" >&2; fail "lb status hand0 from a root shell"; }
     in_box lb status eth0 >"$WORK/lbstatus" 2>&1 || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 from a root shell"; }
     grep -q "^controller: lb pid $pid," "$WORK/lbstatus" || { cat "$WORK/lbstatus" >&2; fail "lb status eth0 does not name the unit's lb (pid $pid) as controller"; }
     grep -q "lb_build_info{.*commit=\"$("$LB" --version | sed 's/.*commit \([^,]*\),.*/\1/')\"" "$WORK/metrics" || fail "lb_build_info does not name this build's commit"
@@ -260,7 +307,9 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     in_box systemctl stop lb || fail "systemctl stop"
     plane_gone "systemctl stop"
     journal_has "stop-post.*detached XDP program" || fail "stop-post did not detach"
-    say "systemctl stop (LB_INTERFACE edited since the start): the program detached and every pin removed"
+    hand_serves "systemctl stop" 0:0
+    say "systemctl stop (LB_INTERFACE edited since the start): the program detached and every pin removed;" \
+        "the operator's plane on hand0 (root's, at /sys/fs/bpf/lb) serves on, still root's"
 
     # The package's removal detaches the data plane and keeps the configuration, even when the
     # unit has no lb to stop: here it failed, its restarts refused by a pool that no longer
@@ -274,10 +323,12 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     xdp_attached || fail "the failed unit's data plane is gone already: nothing left to prove"
     in_box dpkg -r lb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -r under systemd"; }
     plane_gone "removing the package of a failed unit"
+    hand_serves "removing the package" 0:0
     [ -e "$root/etc/lb/pool.yaml" ] || fail "dpkg -r removed the configuration"
     cp "$WORK/pool.yaml" "$root/etc/lb/pool.yaml"
     in_box systemctl reset-failed lb 2>/dev/null || true
-    say "dpkg -r under systemd, of a failed unit whose plane served on: the program detached, every pin removed, /etc/lb kept"
+    say "dpkg -r under systemd, of a failed unit whose plane served on: the program detached, every pin removed, /etc/lb kept;" \
+        "the operator's plane on hand0 serves on"
 
     # Reinstalled over a pool an earlier package left readable by all (0644 root:root, which dpkg
     # keeps): closed to root and group lb. Shutdown stops every unit: lb's plane goes with it.
@@ -286,12 +337,50 @@ test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean() { # 
     in_box dpkg -i /var/tmp/lb.deb >>"$WORK/dpkg.log" 2>&1 || { tail -20 "$WORK/dpkg.log" >&2; fail "dpkg -i after dpkg -r"; }
     [ "$(in_box stat -c '%a %U:%G' /etc/lb/pool.yaml)" = "640 root:lb" ] \
         || fail "an earlier package's 0644 pool stayed $(in_box stat -c '%a %U:%G' /etc/lb/pool.yaml) after the upgrade"
+    # As after an upgrade from an earlier package, whose unit pinned at /sys/fs/bpf/lb and gave
+    # all there to user lb at each start: its lb left its plane on eth0 pinned there (made here
+    # by hand, as the upgrade's stop leaves it), and the operator's plane on hand0 became lb's.
+    # The new unit's start moves the plane on eth0 to its own directory and adopts it; hand0's
+    # stays where it is, serving.
+    hand_attach eth0 /etc/lb/pool.yaml "$mode" || fail "lb attach eth0 --pin by hand, as an earlier package's lb pinned it"
+    in_box chown -R lb:lb /sys/fs/bpf/lb || fail "chown -R lb:lb /sys/fs/bpf/lb, as an earlier package's unit did"
     in_box systemctl start lb || fail "systemctl start after reinstalling"
-    wait_until 300 0.05 xdp_attached || { journal_tail; fail "lb.service attached nothing after reinstalling"; }
+    wait_until 300 0.05 journal_has 'adopted the data plane pinned at /run/lb/bpf/net[0-9]*/eth0' 4 \
+        || { journal_tail; fail "after reinstalling, lb.service did not adopt the plane an earlier package's unit pinned at /sys/fs/bpf/lb"; }
+    journal_has 'moved the data plane .*/sys/fs/bpf/lb/net[0-9]*/eth0' || { journal_tail; fail "the unit's start did not say it moved the earlier package's plane"; }
+    ! compgen -G "$PINS/lb/net*/eth0" >/dev/null || fail "the earlier package's plane on eth0 is still under /sys/fs/bpf/lb"
+    [ "$(stat -c '%u:%g' "$PINS/lb" "$PINS"/lb/net* | sort -u)" = "0:0" ] || fail "/sys/fs/bpf/lb and its namespace directories are not root's again"
+    hand_serves "the start after the upgrade" "$uid:$gid"
+    say "upgrade from a package that pinned at /sys/fs/bpf/lb: lb.service moved its plane on eth0 to /sys/fs/bpf/lb-unit" \
+        "and adopted it; gave /sys/fs/bpf/lb back to root; left the operator's plane on hand0 (made lb's by that package) serving:" \
+        "$(in_box journalctl -u lb --no-pager | grep -m1 -o 'lb: moved the data plane.*')"
     in_box systemctl poweroff || fail "systemctl poweroff"
     wait_until 300 0.1 nspawn_gone || fail "the root did not shut down"
     wait "$NSPAWN" 2>/dev/null || true
     NSPAWN=
     plane_gone "shutting down"
-    say "systemctl poweroff: lb stopped, the program detached, every pin removed"
+    hand_serves "shutting down" "$uid:$gid"
+    say "systemctl poweroff: lb stopped, the program detached, every pin removed; hand0's plane serves on"
+
+    # A purge while a plane of user lb's is still attached (hand0's: lb cannot tell whether it
+    # was the unit's, so nothing detaches it) keeps user and group lb: removed, their IDs would
+    # own those pins for whoever is given them next. Here in the shut-down root, with the bpffs
+    # where the booted one had it.
+    mkdir -p "$root/sys/fs/bpf"
+    mount --bind "$PINS" "$root/sys/fs/bpf" || fail "mount --bind the bpffs into the root"
+    chroot "$root" dpkg --purge lb >"$WORK/purge.log" 2>&1 || { cat "$WORK/purge.log" >&2; fail "dpkg --purge with a plane of user lb's attached"; }
+    umount "$root/sys/fs/bpf"
+    hand_serves "the purge" "$uid:$gid"
+    chroot "$root" getent passwd lb >/dev/null || fail "the purge removed user lb while its pins on hand0 are attached"
+    chroot "$root" getent group lb >/dev/null || fail "the purge removed group lb while its pins on hand0 are attached"
+    grep -q "kept user and group lb" "$WORK/purge.log" || { cat "$WORK/purge.log" >&2; fail "the purge did not say why it kept user lb"; }
+    local id
+    for id in $(find "$PINS" -printf '%U\n' | sort -u); do
+        chroot "$root" getent passwd "$id" >/dev/null || fail "after the purge, pins are owned by uid $id, no one's"
+    done
+    for id in $(find "$PINS" -printf '%G\n' | sort -u); do
+        chroot "$root" getent group "$id" >/dev/null || fail "after the purge, pins are owned by gid $id, no group's"
+    done
+    say "dpkg --purge with hand0's plane of user lb's attached: not detached; user and group lb kept, and the purge says why:" \
+        "$(grep -m1 "kept user and group lb" "$WORK/purge.log")"
 }
