@@ -63,6 +63,7 @@ TESTS=(
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native on"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic on"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native off"
+    "test_second_chance_backends_on_one_segment_one_behind_nat native"
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection native"
     "test_fleet_two_nodes_behind_ecmp_lose_no_connection native ipip"
     "test_quic_connections_keep_their_server_through_rebinding_migration_and_pool_changes native on"

@@ -54,9 +54,10 @@ install --no-install-recommends clang-19 libelf-dev zlib1g-dev pkg-config make g
 
 if ((level >= 1)); then
     # The root tests read programs with bpftool and trace lb status with strace; the monitoring
-    # test's real Prometheus (and promtool) and headless browser, the fleet tests' BIRD; the
-    # completions test loads `lb completions` into real shells, and man renders the man pages.
-    install --no-install-recommends bpftool strace curl python3 prometheus chromium bird2 fish zsh man-db
+    # test's real Prometheus (and promtool) and headless browser, the fleet tests' BIRD, and nft
+    # for the second-chance tests' backends behind a REDIRECT; the completions test loads
+    # `lb completions` into real shells, and man renders the man pages.
+    install --no-install-recommends bpftool strace curl python3 prometheus chromium bird2 nftables fish zsh man-db
 fi
 
 if ((level >= 2)); then

@@ -200,3 +200,79 @@ test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once() 
         say "control (second chance off): $broken1 of 300 connections broken in round 1, $broken2 of 300 in round 2"
     fi
 }
+
+# The one-segment test's pool: web on the bridge topology's VIP, GUE with second chance, no flow
+# table (every packet goes by the table), PREVIOUS as its previous pool (none if empty), on
+# backends BACKEND... (I: bI, 10.99.0.1I).
+sn_pool() { # FILE PREVIOUS BACKEND...
+    local file=$1 prev=$2 list="" b
+    shift 2
+    for b in "$@"; do list+="${list:+, }{name: b$b, address: 10.99.0.1$b}"; done
+    {
+        if [ -n "$prev" ]; then echo "previous: $prev"; fi
+        printf 'services:\n  - name: web\n    vip: %s\n    port: 80\n    hash: flow\n' "$TOPO_VIP4"
+        printf '    forward: gue\n    second_chance: on\n    conntrack: off\n    backends: [%s]\n' "$list"
+    } | write_atomic "$file"
+}
+
+# Second chance where the lab's routed topology hid two faults (docs/fleet.md, "Second chance"):
+# backends on one segment (the bridge topology) that have never talked to each other, so that a
+# backend sending a packet on knows no MAC for the next hop; and b1 behind NAT, its nftables
+# REDIRECTing the VIP's port 80 to its server's 8080 (as kube-proxy or a proxy sidecar would),
+# so that no socket of b1 has the VIP's tuple. Short connections go through first (each packet
+# to b1 carries its runner-up as a hop: b1 must keep its REDIRECTed connections); then b3 joins
+# under 150 held connections, and those whose slots it takes reach b3, which sends them on to
+# b1 and b2 after resolving their MACs. No connection may fail.
+test_second_chance_backends_on_one_segment_one_behind_nat() { # MODE
+    local mode=$1 i sent unresolved redirected
+    begin_test lbn teardown
+    command -v nft >/dev/null || fail "nft is not installed (scripts/setup.sh test installs nftables)"
+    topo_up "$PREFIX" 3 "$mode" || fail "topology"
+    # A frame a backend's native XDP sends back out (XDP_TX) is dropped by its veth peer unless
+    # that peer has an XDP program too: the bridge-side peers get one, as lb's has.
+    if [ "$mode" = native ]; then
+        for i in 1 2 3; do topo_ns "$PREFIX-sw" "$E2E" xdp-pass "p-b$i"; done
+    fi
+    ip netns exec "$PREFIX-b1" nft -f - <<NFT || fail "b1's REDIRECT"
+table ip lbtest {
+    chain pre {
+        type nat hook prerouting priority dstnat; policy accept;
+        ip daddr $TOPO_VIP4 tcp dport 80 counter redirect to :8080
+    }
+}
+NFT
+    for i in 1 2 3; do
+        ip netns exec "$PREFIX-b$i" "$LB" decap eth0 --second-chance --allow-from 10.99.0.0/24 --xdp-mode "$mode" \
+            --stats-interval 1 >"$WORK/decap$i.log" 2>&1 &
+        echo $! >>"/tmp/$PREFIX.pids"
+    done
+    for i in 1 2 3; do
+        wait_until 50 0.1 grep -q serving "$WORK/decap$i.log" || { cat "$WORK/decap$i.log" >&2; fail "lb decap on b$i"; }
+    done
+    sn_pool "$WORK/pool-p0.yaml" "" 1 2
+    cp "$WORK/pool-p0.yaml" "$WORK/pool.yaml"
+    start_lb "$mode"
+    # No backend has a neighbour entry for another: none has sent one anything.
+    for i in 1 2 3; do
+        ip -n "$PREFIX-b$i" neigh show dev eth0 | grep -q "10.99.0.1[123] " && fail "b$i already knows another backend's MAC"
+    done
+
+    probe "$WORK/short" --vip "$TOPO_VIP4" --port 80 --sources "$TOPO_CLIENTS4" --count 120 || fail "short connections through b1's REDIRECT and b2"
+    check web "$WORK/short"
+    redirected=$(ip netns exec "$PREFIX-b1" nft list chain ip lbtest pre | grep -o 'packets [0-9]*' | grep -o '[0-9]*')
+    [ "${redirected:-0}" -gt 0 ] || fail "b1's REDIRECT saw no packet"
+    say "120 connections through lb, b1's behind its REDIRECT ($redirected packets redirected), none failed"
+
+    HOLD_TRIES=200 hold_open "$TOPO_CLIENTS4" 150 6 --patience 6
+    sleep 1
+    sn_pool "$WORK/pool.yaml" pool-p0.yaml 1 2 3
+    wait_log "web changed" 1
+    hold_wait "held connections broke when b3 joined"
+    sleep 1.2
+    sent=$(grep "decap stats" "$WORK/decap3.log" | tail -1 | grep -o "sent_on [0-9]*" | grep -o '[0-9]*$')
+    unresolved=$(grep "decap stats" "$WORK/decap3.log" | tail -1 | grep -o "unresolved [0-9]*" | grep -o '[0-9]*$')
+    [ "${sent:-0}" -gt 0 ] || { cat "$WORK/decap3.log" >&2; fail "b3 sent nothing on"; }
+    [ "${unresolved:-0}" -gt 0 ] || { cat "$WORK/decap3.log" >&2; fail "b3 never waited for a MAC: the test did not test it"; }
+    grep -q "has no known MAC: resolving it" "$WORK/decap3.log" || fail "b3 did not say it resolved a next hop"
+    say "b3 joined under 150 held connections: $(hold_summary); b3 sent $sent packets on to b1 and b2, after $unresolved waited for their MACs"
+}
