@@ -137,8 +137,33 @@ pub fn ticks(ms: u64) -> u32 {
     ((ms * 1_000_000).div_ceil(1 << 24)).min(u32::MAX as u64) as u32
 }
 
-/// Whether an entry last written at `seen` is still usable at `now` for a timeout of
-/// `timeout` ticks (0: never expires), as the program's usable() judges it, with a margin of two
+/// flow.h's LB_CT_REFRESH_TICKS: an entry's time is rewritten at most this often (or a quarter of
+/// its timeout, if that is shorter).
+pub const REFRESH_TICKS: u32 = 64;
+/// flow.h's LB_CT_RESET_TICKS: what an RST leaves of an entry's life at most.
+pub const RESET_TICKS: u32 = 240;
+
+/// How many ticks after its last write an entry ends (0: never), for a flow timeout of `timeout`
+/// ticks, once reset or not, as the program's ct_life() reckons it: the timeout and a refresh
+/// interval (the entry's time may lag its flow's last packet by almost that much), or what an
+/// RST leaves.
+pub fn life(timeout: u32, reset: bool) -> u32 {
+    if reset {
+        return if timeout == 0 || timeout > RESET_TICKS { RESET_TICKS } else { timeout };
+    }
+    let every = match timeout / 4 {
+        0 => REFRESH_TICKS,
+        e => e.min(REFRESH_TICKS),
+    };
+    if timeout == 0 {
+        0
+    } else {
+        timeout.saturating_add(every)
+    }
+}
+
+/// Whether an entry last written at `seen` is still usable at `now` for a life of `timeout`
+/// ticks ([`life`]; 0: never ends), as the program's usable() judges it, with a margin of two
 /// ticks in its favour (the two clocks are read at different moments). An entry written after
 /// `now`, up to [`AHEAD`] ticks (the sweep reads its clock once, then walks the tables while
 /// packets go on writing them), is alive: taken for one written 2^32 ticks ago, such an entry
@@ -259,5 +284,16 @@ mod tests {
         assert!(alive(2, u32::MAX, 10));
         // Not an entry 2^32 ticks minus a few hours old.
         assert!(!alive(100 + AHEAD + 1, 100, 50));
+        // A life is the timeout and a refresh interval (a quarter of a short timeout), or what
+        // an RST leaves: 30 s of UDP, 1 h of TCP, a 2 s timeout, an RST on each, none.
+        let udp = ticks(30_000);
+        assert_eq!(life(udp, false), udp + 64);
+        assert_eq!(life(214_577, false), 214_577 + 64);
+        assert_eq!(life(ticks(2000), false), 120 + 30);
+        assert_eq!(life(udp, true), 240);
+        assert_eq!(life(ticks(2000), true), 120);
+        assert_eq!(life(0, true), 240);
+        assert_eq!(life(0, false), 0);
+        assert_eq!(life(3, false), 3 + 64);
     }
 }

@@ -180,9 +180,10 @@ fn root_udp_entries_age_out_and_a_syn_right_after_a_reset_follows_the_flow() {
     for &(src, sport) in &flows {
         assert_eq!(udp(&dp, src, sport), table_says(&a, "dns", src, sport), "fresh entries hold");
     }
-    // 2 s idle plus a margin, on the kernel's clock (which also runs while the pool is applied:
-    // a shorter timeout let entries expire during a slow apply on a busy machine).
-    std::thread::sleep(Duration::from_millis(2300));
+    // 2 s idle, the refresh interval an entry lives past its timeout (a quarter of it: 0.5 s) and
+    // a margin, on the kernel's clock (which also runs while the pool is applied: a shorter
+    // timeout let entries expire during a slow apply on a busy machine).
+    std::thread::sleep(Duration::from_millis(2900));
     dp.tick().expect("tick");
     for &(src, sport) in &flows {
         assert_eq!(udp(&dp, src, sport), table_says(&b, "dns", src, sport), "idle past the timeout: re-hashed");

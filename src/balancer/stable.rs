@@ -11,9 +11,6 @@ use crate::dataplane::{stable as marks, Dataplane};
 use crate::plan::{LiveService, Op, RouteKey};
 use crate::stable::{self, Entry};
 
-/// What an entry's RST leaves of its life at most (flow.h, LB_CT_RESET_TICKS).
-const CT_RESET_TICKS: u32 = 240;
-
 /// The unstable slots and what judging them needs.
 #[derive(Debug, Default)]
 pub(super) struct Marks {
@@ -198,13 +195,11 @@ impl Marks {
         let (tcp, udp) = (stable::ticks(tcp), stable::ticks(udp));
         let mut entries = Vec::new();
         dp.for_each_flow(|e| {
-            let mut timeout = if e.udp { udp } else { tcp };
-            if e.reset && (timeout == 0 || timeout > CT_RESET_TICKS) {
-                timeout = CT_RESET_TICKS;
-            }
+            let life = stable::life(if e.udp { udp } else { tcp }, e.reset);
             // An entry whose id went to another backend since never counts again; one whose
-            // backend is down now may count again when it returns, so it is kept.
-            if e.backend != 0 && e.gen == dp.flow_gen(e.backend) && stable::alive(e.seen, now, timeout) {
+            // backend is down now may count again when it returns, so it is kept (and no
+            // promotion takes it either: flow.h, ct_held()).
+            if e.backend != 0 && e.gen == dp.flow_gen(e.backend) && stable::alive(e.seen, now, life) {
                 entries.push(Entry { backend: e.backend, seen: e.seen, slot: e.slot });
             }
         });

@@ -23,9 +23,10 @@ static __always_inline __u32 ct_syn_idle(__u32 timeout)
 	return timeout != 0 && timeout / 2 < LB_CT_SYN_IDLE_TICKS ? timeout / 2 : LB_CT_SYN_IDLE_TICKS;
 }
 
-/* An RST's effect on `seen`: the entry then lives LB_CT_RESET_TICKS from `seen` (usable()),
- * so this makes it end about 4 s from now, or when it would have ended anyway if that is sooner
- * (an RST never extends an entry). An unconfirmed entry keeps its `seen`: its flow's first packets
+/* An RST's effect on `seen`: the entry then lives LB_CT_RESET_TICKS from `seen` (ct_life()),
+ * so this makes it end about 4 s from now, or by the time its timeout from `seen` is over if that
+ * is sooner (an RST never extends an entry, though it may take away the refresh interval that
+ * ct_life() allows past the timeout). An unconfirmed entry keeps its `seen`: its flow's first packets
  * set it, and the packet that confirms it must come a refresh interval after them, spoofed RSTs
  * in between or not. */
 static __always_inline __u32 reset_seen(const struct flow_word *f, __u32 timeout, __u32 now)
@@ -338,7 +339,7 @@ static __always_inline int young(__u32 hash)
 		return 1;
 	age = (__u16)ct_now() - *at;
 	/* A stamp a few ticks ahead: another CPU's SYN since this packet read the clock. */
-	return age <= 2 * LB_CT_REFRESH_TICKS || (__u16)-age <= LB_CT_AHEAD_TICKS;
+	return age <= 2 * LB_CT_REFRESH_TICKS || (__u16)-age <= LB_CT_YOUNG_AHEAD_TICKS;
 }
 
 /* Whether this packet is one of the 1 in 2^LB_SLOT_SAMPLE_SHIFT (at random) that takes the whole

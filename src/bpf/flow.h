@@ -97,16 +97,27 @@ static __always_inline __u64 flow_tag40(const __u64 *l)
  * checked here). */
 #define LB_CT_RESET_TICKS 240
 
-/* How far ahead of a CPU's `now` another CPU's time stamp may be and still be taken for a
- * moment later, not 2^32 (or 2^16) ticks earlier: a packet that read the clock, then met an
- * entry another CPU wrote since. */
-#define LB_CT_AHEAD_TICKS 4
+/* How far ahead of a CPU's `now` another CPU's time stamp in a flow word may be and still be
+ * taken for a moment later, not 2^32 ticks earlier: a packet that read the clock, then met an
+ * entry another CPU wrote since. As far as the sweep of stable slots allows (src/stable.rs,
+ * AHEAD: about 69 s), not a few ticks: a CPU can be held up for longer than that between reading
+ * the clock and judging a bucket (a virtual CPU its host preempts, an interrupt storm), and with
+ * 4 ticks (67 ms) such a CPU judged a confirmed entry refreshed meanwhile expired, and a promotion
+ * took it (issue 38, item 13). What it costs: an entry last written 2^32 - 2^12 ticks (about 2.3
+ * years) ago looks fresh for a minute. */
+#define LB_CT_AHEAD_TICKS (1u << 12)
+/* The same for the recent SYNs' 16-bit stamps (conntrack.h, young()), which wrap every 18
+ * minutes: there a wide allowance would make old cells young, and a CPU held up only makes a
+ * flow's packets take the whole path or skip it once. */
+#define LB_CT_YOUNG_AHEAD_TICKS 4
 
 static __always_inline __u32 ct_refresh_every(__u32 timeout)
 {
 	__u32 every = timeout / 4;
 
-	return every == 0 || every > LB_CT_REFRESH_TICKS ? LB_CT_REFRESH_TICKS : every;
+	/* One comparison for both ends (0 wraps round to the top): fewer paths for the verifier,
+	 * which meets this in every slot that a promotion judges. */
+	return every - 1 < LB_CT_REFRESH_TICKS ? every : LB_CT_REFRESH_TICKS;
 }
 
 static __always_inline __u32 ct_now(void)
@@ -114,9 +125,9 @@ static __always_inline __u32 ct_now(void)
 	return bpf_ktime_get_coarse_ns() >> LB_CT_TICK_SHIFT;
 }
 
-/* How many ticks before `now` an entry was last written at `seen`: 0 when `seen` is a few ticks
- * ahead (another CPU wrote the entry after this one read the clock), which is fresh, not 2^32
- * ticks old. Every judgement of an entry's age goes through it. */
+/* How many ticks before `now` an entry was last written at `seen`: 0 when `seen` is ahead, up to
+ * LB_CT_AHEAD_TICKS (another CPU wrote the entry after this one read the clock), which is fresh,
+ * not 2^32 ticks old. Every judgement of an entry's age goes through it. */
 static __always_inline __u32 ct_age(__u32 seen, __u32 now)
 {
 	return seen - now <= LB_CT_AHEAD_TICKS ? 0 : now - seen;
@@ -130,6 +141,21 @@ static __always_inline __u32 ct_ticks(__u64 ms)
 static __always_inline __u32 ct_timeout_ticks(__u8 proto)
 {
 	return ct_ticks(proto == IPPROTO_TCP ? lb_settings.ct_tcp_timeout_ms : lb_settings.ct_udp_timeout_ms);
+}
+
+/* How many ticks after its `seen` an entry with state bits `flags` ends (0: never), for a flow
+ * timeout of `timeout` ticks: the timeout and one refresh interval, since `seen` is rewritten at
+ * most once a refresh interval and so may lag the flow's last packet by almost that much. A flow
+ * therefore keeps its entry until it has been idle for its whole timeout, and loses it within a
+ * refresh interval more (before, a flow idle for the timeout less that lag could lose it: issue
+ * 38, item 13). Once reset: LB_CT_RESET_TICKS (or the timeout, if shorter), counted from the
+ * `seen` that reset_seen() (conntrack.h) wrote for the purpose, so without that margin. Mirrored
+ * by the sweep of stable slots (src/stable.rs, life()). */
+static __always_inline __u32 ct_life(__u32 flags, __u32 timeout)
+{
+	if (flags & LB_FLOW_RESET)
+		return timeout - 1 < LB_CT_RESET_TICKS ? timeout : LB_CT_RESET_TICKS;
+	return timeout ? timeout + ct_refresh_every(timeout) : 0;
 }
 
 /* A slot's backend, gen_flags (split into generation and state bits) and seen, read as one
@@ -225,27 +251,55 @@ static __always_inline __u64 flow_record(__u64 tag, __u32 slot)
 	return (__u64)(slot + 1) << 32 | (__u32)tag;
 }
 
-/* Whether a tracked entry still leads somewhere: its backend alive, the id not given to
- * another backend since, and the flow not idle past `timeout` (ticks; 0: never), or past
- * LB_CT_RESET_TICKS once reset. */
-static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u32 now)
+/* Whether an entry has ended: its flow idle past the entry's life (ct_life()) for a flow
+ * timeout of `timeout` ticks. */
+static __always_inline int ct_expired(const struct flow_word *f, __u32 timeout, __u32 now)
+{
+	__u32 life = ct_life(f->flags, timeout);
+
+	return life != 0 && ct_age(f->seen, now) >= life;
+}
+
+/* The record of an entry's backend while its id still names the backend the entry was made for
+ * (the id's generation unchanged), else NULL. */
+static __always_inline struct lb_backend *ct_backend(const struct flow_word *f)
 {
 	__u32 id = f->backend;
 	struct lb_backend *be = bpf_map_lookup_elem(&backends, &id);
 	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
 
-	if (!be || !gen || !(be->flags & LB_BACKEND_ALIVE) || (*gen & LB_FLOW_GEN_MASK) != f->gen)
-		return 0;
-	if ((f->flags & LB_FLOW_RESET) && (timeout == 0 || timeout > LB_CT_RESET_TICKS))
-		timeout = LB_CT_RESET_TICKS;
-	return timeout == 0 || ct_age(f->seen, now) < timeout;
+	return be && gen && (*gen & LB_FLOW_GEN_MASK) == f->gen ? be : NULL;
+}
+
+/* Whether a tracked entry leads somewhere now: its backend alive, the id not given to another
+ * backend since, and the entry not ended (ct_expired()). */
+static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u32 now)
+{
+	struct lb_backend *be = ct_backend(f);
+
+	return be && (be->flags & LB_BACKEND_ALIVE) && !ct_expired(f, timeout, now);
+}
+
+/* Whether a confirmed entry's flow may still come back to it, so that no other flow may take its
+ * slot: not ended, and its id still its backend's and in the pool, alive or down for now (a failed
+ * health check, its agent's `down`). A backend that comes back serves its quiet flows again, as
+ * the sweep of stable slots assumes (src/balancer/stable.rs); before, a promotion took such
+ * entries first, so a pair flood while a backend was down for a moment cost its quiet flows their
+ * backend (issue 38, item 13). Only the timeout, or an id retired from the pool or given to
+ * another backend, gives the slot away. */
+static __always_inline int ct_held(const struct flow_word *f, __u32 timeout, __u32 now)
+{
+	struct lb_backend *be = ct_backend(f);
+
+	return be && (be->flags & (LB_BACKEND_ALIVE | LB_BACKEND_IN_POOL)) && !ct_expired(f, timeout, now);
 }
 
 /* Which slot a promotion (`guarded`) or a first packet (not) takes, as a rank: the smallest
- * wins; ~0: none. Free first; then an entry that no longer leads anywhere (expired, reset past
- * its life, its backend gone), the one seen longest ago; then an unconfirmed one, the one seen
- * LAST (a flood's own young entries go before a real flow that showed its handshake and has
- * been quiet since), never a confirmed one that still leads somewhere. Without the guard
+ * wins; ~0: none. Free first; then an entry that has ended for good (expired, reset past its
+ * life, its backend retired from the pool or its id reused; an unconfirmed one by its age
+ * alone), the one seen longest ago; then an unconfirmed one, the one seen LAST (a flood's own
+ * young entries go before a real flow that showed its handshake and has been quiet since);
+ * never a confirmed one whose flow may still come back to it (ct_held()). Without the guard
  * (`guarded` 0: a flow's first packet in `flows`, or a record in `flow_pending`), any, the one
  * seen longest ago. A slot being written is another CPU's. */
 static __always_inline __u64 evict_rank(__u64 tag, __u64 w, int guarded, __u32 now)
@@ -263,12 +317,9 @@ static __always_inline __u64 evict_rank(__u64 tag, __u64 w, int guarded, __u32 n
 	timeout = ct_timeout_ticks(f.flags & LB_FLOW_UDP ? IPPROTO_UDP : IPPROTO_TCP);
 	/* An unconfirmed entry is judged by its age alone (whether its backend still lives is
 	 * looked up only for a confirmed one: fewer paths for the verifier). */
-	if (!(f.flags & LB_FLOW_CONFIRMED)) {
-		if ((f.flags & LB_FLOW_RESET) && (timeout == 0 || timeout > LB_CT_RESET_TICKS))
-			timeout = LB_CT_RESET_TICKS;
-		return timeout != 0 && age >= timeout ? (1ull << 33) | (0xffffffffull - age) : (2ull << 33) | age;
-	}
-	return usable(&f, timeout, now) ? ~0ull : (1ull << 33) | (0xffffffffull - age);
+	if (!(f.flags & LB_FLOW_CONFIRMED))
+		return ct_expired(&f, timeout, now) ? (1ull << 33) | (0xffffffffull - age) : (2ull << 33) | age;
+	return ct_held(&f, timeout, now) ? ~0ull : (1ull << 33) | (0xffffffffull - age);
 }
 
 /* Writes a flow into `map` (and its record `rec` into `recs`): into `have` (the slot that
