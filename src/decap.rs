@@ -5,7 +5,7 @@
 //! current (re-read every second: an address added to the host is decapsulated for within a
 //! second), and prints its counters on request and at exit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
@@ -18,7 +18,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use lb::dataplane::decap::{host_addresses, Decap, DecapCounters, ANY_SOURCE};
-use lb::dataplane::link;
+use lb::dataplane::{link, netlink};
 
 use crate::log::log;
 use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_present, ModeArg};
@@ -33,8 +33,20 @@ const ADDRESS_REFRESH: Duration = Duration::from_secs(1);
 const RESOLVE_POLL: Duration = Duration::from_millis(50);
 const RESOLVE_AGAIN: Duration = Duration::from_secs(1);
 const RESOLVE_FORGET: Duration = Duration::from_secs(10);
-/// At most this many next hops are asked for per look (the map holds 256).
-const RESOLVE_BURST: usize = 32;
+/// At most this many next hops are asked for per look (the map holds 256): 160 a second.
+const RESOLVE_BURST: usize = 8;
+/// Next hops logged one by one, at most; after that, one line says the rest are not.
+const RESOLVE_LOGGED: usize = 64;
+/// Where the kernel lists conntrack's BTF when conntrack is a module that is loaded.
+const CONNTRACK_BTF: &str = "/sys/kernel/btf/nf_conntrack";
+
+/// What lb decap keeps to have next hops resolved: netlink, when each hop was last asked for,
+/// and the hops it has logged.
+struct Resolver {
+    nl: netlink::Socket,
+    asked: HashMap<IpAddr, Instant>,
+    logged: HashSet<IpAddr>,
+}
 
 /// `lb decap`'s flags.
 #[derive(clap::Args)]
@@ -149,24 +161,36 @@ fn loopback_forwarding_off() -> Vec<&'static str> {
 
 /// Has the kernel resolve the next hops second chance found on the link with no MAC known (a
 /// packet to each was dropped, and its sender will send it again): each is asked for at once
-/// and again every second while it stays so, and forgotten after a while. `asked` holds when
-/// each was last asked for.
-fn resolve_next_hops(dp: &Decap, asked: &mut HashMap<IpAddr, Instant>, now: Instant) -> Result<()> {
+/// and again every second while it stays so, at most RESOLVE_BURST a look. A hop whose MAC is
+/// known now is forgotten at once (a later loss of it starts a new wait), one never resolved
+/// after RESOLVE_FORGET.
+fn resolve_next_hops(dp: &Decap, r: &mut Resolver, now: Instant) -> Result<()> {
     let hops = dp.unresolved()?;
-    asked.retain(|a, _| hops.iter().any(|(h, _)| h == a));
+    r.asked.retain(|a, _| hops.iter().any(|(h, _)| h == a));
+    let mut neighbours: HashMap<u32, Vec<netlink::Neighbour>> = HashMap::new();
     let mut burst = 0;
     for (hop, age) in hops {
-        if age >= RESOLVE_FORGET {
+        // The neighbour the hop is reached through (itself, or its route's gateway).
+        let resolved = r.nl.route_get(hop).ok().is_some_and(|route| {
+            let Some(oif) = route.oif else { return false };
+            let next = route.gateway.unwrap_or(hop);
+            let known = neighbours.entry(oif).or_insert_with(|| r.nl.neighbours(oif).unwrap_or_default());
+            known.iter().any(|n| n.addr == next && n.mac.is_some())
+        });
+        if resolved || age >= RESOLVE_FORGET {
             dp.forget_unresolved(hop)?;
-            asked.remove(&hop);
+            r.asked.remove(&hop);
             continue;
         }
-        if burst < RESOLVE_BURST && asked.get(&hop).is_none_or(|t| now.duration_since(*t) >= RESOLVE_AGAIN) {
-            if !asked.contains_key(&hop) {
+        if burst < RESOLVE_BURST && r.asked.get(&hop).is_none_or(|t| now.duration_since(*t) >= RESOLVE_AGAIN) {
+            if r.logged.len() < RESOLVE_LOGGED && r.logged.insert(hop) {
                 log(format!("second chance: next hop {hop} has no known MAC: resolving it"));
+                if r.logged.len() == RESOLVE_LOGGED {
+                    log(format!("second chance: {RESOLVE_LOGGED} next hops logged; others resolved from now on are not"));
+                }
             }
-            lb::dataplane::netlink::prime(hop);
-            asked.insert(hop, now);
+            netlink::prime(hop);
+            r.asked.insert(hop, now);
             burst += 1;
         }
     }
@@ -267,6 +291,13 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
 
     let mut dp = Decap::load(gue_port, second_chance)?;
     let forwarding = if second_chance { loopback_forwarding_on()? } else { Vec::new() };
+    if second_chance && !dp.has_conntrack() {
+        log(
+            "second chance: this kernel's conntrack is not loaded (nf_conntrack), so connections this host REDIRECTs or DNATs \
+             to another port have no socket second chance can find, and their packets are sent on: where the VIP's port is \
+             rewritten, load it before lb decap (modprobe nf_conntrack)",
+        );
+    }
     if !forwarding.is_empty() {
         log(format!("second chance: turned on {} (the loopback forwards nothing; left on)", forwarding.join(" and ")));
     }
@@ -300,7 +331,9 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     let mut next_refresh = started + ADDRESS_REFRESH;
     let mut next_stats = stats_interval.map(|i| started + i);
     let mut next_resolve = second_chance.then(|| started + RESOLVE_POLL);
-    let mut asked: HashMap<IpAddr, Instant> = HashMap::new();
+    let mut resolver = Resolver { nl: netlink::Socket::open().context("opening a netlink socket")?, asked: HashMap::new(), logged: HashSet::new() };
+    // Whether conntrack's lookup is missing and its module has been loaded since (said once).
+    let mut conntrack_came = false;
     // The loopback's forwarding switches someone turned off since the start, as last seen.
     let mut forwarding_off: Vec<&str> = Vec::new();
     let stop = loop {
@@ -317,7 +350,7 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
         let now = Instant::now();
         if next_resolve.is_some_and(|t| now >= t) {
             next_resolve = Some(now + RESOLVE_POLL);
-            resolve_next_hops(&dp, &mut asked, now)?;
+            resolve_next_hops(&dp, &mut resolver, now)?;
         }
         if now >= next_refresh {
             next_refresh = now + ADDRESS_REFRESH;
@@ -328,6 +361,13 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
             // Someone turned the loopback's forwarding off (by hand, or with a global
             // `ip_forward=0`): that is theirs to decide, and lb decap leaves it off, but says
             // once what it costs, and once when it is back.
+            if second_chance && !dp.has_conntrack() && !conntrack_came && std::path::Path::new(CONNTRACK_BTF).exists() {
+                conntrack_came = true;
+                log(
+                    "second chance: the kernel's conntrack (nf_conntrack) was loaded after lb decap started, which sees it only \
+                     from its start: restart lb decap for connections this host REDIRECTs or DNATs to be kept here",
+                );
+            }
             if second_chance {
                 let off = loopback_forwarding_off();
                 for name in off.iter().filter(|n| !forwarding_off.contains(n)) {

@@ -387,11 +387,18 @@ fn listen_reuseport(addr: std::net::SocketAddr) -> std::net::TcpListener {
     std::net::TcpListener::from(fd)
 }
 
-/// Whether the kernel's 32-bit jiffies are within two minutes after zero, which they pass five
-/// minutes after boot (they start at -300 s), from /proc/uptime.
-fn jiffies_near_zero() -> bool {
-    let up: f64 = std::fs::read_to_string("/proc/uptime").ok().and_then(|t| t.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
-    (295.0..425.0).contains(&up)
+/// Whether the kernel's 32-bit jiffies are within two minutes (and a second) after zero, where
+/// a listener's "last cookie" of 0 looks recent: five minutes after boot (they start at -300 s),
+/// and at each wrap after.
+fn jiffies_near_zero(de: &mut Decap) -> bool {
+    let (jiffies, hz) = de.jiffies().expect("jiffies");
+    (jiffies as u32).wrapping_add(hz) <= 122 * hz
+}
+
+/// CONFIG_HZ from /proc/config.gz, where the kernel has it.
+fn configured_hz() -> Option<u32> {
+    let out = std::process::Command::new("sh").args(["-c", "zcat /proc/config.gz 2>/dev/null | grep '^CONFIG_HZ='"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().strip_prefix("CONFIG_HZ=")?.parse().ok()
 }
 
 /// The handshake-completing ACK of a real connection from `client` to `vip`:COOKIE_PORT, whose
@@ -460,7 +467,13 @@ fn backend_side() {
         de.set_local(&host_addresses().expect("addresses")).expect("local");
         de
     };
-    let de = load(true);
+    let mut de = load(true);
+    // The clock rate lb decap measured is the kernel's, where its configuration says it.
+    let (_, hz) = de.jiffies().expect("jiffies");
+    if let Some(configured) = configured_hz() {
+        assert_eq!(hz, configured, "the measured clock rate");
+    }
+    assert!(de.has_conntrack(), "this kernel has conntrack built in: its lookup resolves");
     // An XDP program on veth0 registers its receive queue, which a test run "arriving" there needs.
     let veth0 = lb::dataplane::link::interface("veth0").expect("veth0").ifindex;
     let _attached = lb::dataplane::link::attach(de.program_fd(), veth0, lb::dataplane::link::XdpMode::Native).expect("attach to veth0");
@@ -649,13 +662,31 @@ fn backend_side() {
     // carry it. TIME_WAIT (this host closed first): the connection is over, and a packet of its
     // tuple is a new connection's, held elsewhere (delivered here, it would get a stale ACK and
     // the live connection would hang).
+    // Its peer's FIN sent again (its ACK was lost) is the one packet it still holds.
+    let cap = capture_lo();
     let (c, s, cport) = connected(&l4, client4, vip4, PORT);
     drop(s);
     finish(c);
     wait_state(PORT, cport, "TIME-WAIT");
+    let fin = captured(&cap, |p| tcp_of(p).is_some_and(|(t, flags)| u16::from_be_bytes([t[0], t[1]]) == cport && flags & FIN != 0));
     let inner = segment(client4, vip4, cport, PORT, ACK);
     let f = gue_frame(lb4, here4, 64, &[hop4], 0, &inner);
     check(&de, "an ACK of a tuple in TIME_WAIT here", &f, XDP_TX, Some(&sent_on(&f, &[hop4], 0)), &["sent_on"]);
+    let f = gue_frame(lb4, here4, 64, &[hop4], 0, &fin);
+    check(&de, "TIME_WAIT: the peer's FIN sent again", &f, XDP_PASS, Some(&decapsulated(&f, &fin)), &["hop_local", "decapsulated"]);
+    // An orphaned FIN_WAIT2 (this host closed and its application is gone; the kernel keeps it
+    // in the TIME_WAIT table, as a FIN_WAIT2): the peer may still send, near the window.
+    let cap = capture_lo();
+    let (c, s, cport) = connected(&l4, client4, vip4, PORT);
+    let ack = captured(&cap, |p| tcp_of(p).is_some_and(|(t, flags)| u16::from_be_bytes([t[0], t[1]]) == cport && flags == ACK));
+    drop(s);
+    wait_state(PORT, cport, "FIN-WAIT-2");
+    let f = gue_frame(lb4, here4, 64, &[hop4], 0, &ack);
+    check(&de, "orphaned FIN_WAIT2: the peer's segment", &f, XDP_PASS, Some(&decapsulated(&f, &ack)), &["hop_local", "decapsulated"]);
+    let far = seq_plus(&ack, 0x8000_0000);
+    let f = gue_frame(lb4, here4, 64, &[hop4], 0, &far);
+    check(&de, "orphaned FIN_WAIT2: a segment far from the window", &f, XDP_TX, Some(&sent_on(&f, &[hop4], 0)), &["sent_on"]);
+    drop(c);
     // FIN_WAIT2 (this host stopped sending; the peer may still send) and CLOSE_WAIT (the peer
     // stopped; this host may still send, and its peer acknowledges): the peer's own segments are
     // this host's; one far from the socket's window is a new connection's that reuses the tuple.
@@ -690,10 +721,16 @@ fn backend_side() {
     run(&["nft", "add", "chain", "ip", "lbtest", "out", "{ type nat hook output priority -100 ; }"]);
     run(&["nft", "add", "rule", "ip", "lbtest", "out", "ip", "daddr", VIP4, "tcp", "dport", &NAT_PORT.to_string(), "redirect", "to", &format!(":{NAT_TO}")]);
     let ln = std::net::TcpListener::bind(("0.0.0.0", NAT_TO)).expect("listen");
+    // A listener on the VIP's port too (an application beside a sidecar's REDIRECT): the
+    // socket lookup finds it, and conntrack is asked all the same.
+    let beside = std::net::TcpListener::bind((vip4, NAT_PORT)).expect("listen");
     let (c, s, cport) = connected(&ln, client4, vip4, NAT_PORT);
     let inner = segment(client4, vip4, cport, NAT_PORT, ACK);
     let f = gue_frame(lb4, here4, 64, &[hop4], 0, &inner);
     check(&de, "an ACK of a REDIRECTed connection", &f, XDP_PASS, Some(&decapsulated(&f, &inner)), &["hop_local", "decapsulated"]);
+    let icmp = icmp_error(vip4, NAT_PORT, client4, cport);
+    let f = gue_frame(lb4, here4, 64, &[hop4], 0, &icmp);
+    check(&de, "frag needed about a REDIRECTed connection", &f, XDP_PASS, Some(&decapsulated(&f, &icmp)), &["hop_local", "decapsulated"]);
     let other = segment(client4, vip4, cport.wrapping_add(1), NAT_PORT, ACK);
     let f2 = gue_frame(lb4, here4, 64, &[hop4], 0, &other);
     check(&de, "an ACK to the REDIRECTed port, of no connection", &f2, XDP_TX, Some(&sent_on(&f2, &[hop4], 0)), &["sent_on"]);
@@ -720,7 +757,7 @@ fn backend_side() {
     .join()
     .expect("the other namespace's cookie");
     let f = gue_frame(lb4, here4, 64, &[hop4], 0, &theirs);
-    if jiffies_near_zero() {
+    if jiffies_near_zero(&mut de) {
         // A listener that never sent a cookie notes its last one at jiffy 0, which the kernel's
         // clock passes 5 minutes after boot: for 2 minutes then, it takes any valid cookie.
         println!("(k) skipped: the kernel booted 5 to 7 minutes ago, when every listener takes any cookie");
@@ -752,7 +789,7 @@ fn backend_side() {
     assert!(de.unresolved().expect("unresolved").is_empty(), "forgotten");
     check(&de, "no neighbour for the hop, forgotten", &no_neigh, XDP_DROP, None, &["unresolved"]);
 
-    drop((s6, c6, l4, l6, lc4, lc6, ln));
+    drop((s6, c6, l4, l6, lc4, lc6, ln, beside));
 }
 
 #[test]
@@ -774,4 +811,29 @@ fn root_decap_gives_a_second_chance_only_to_packets_without_a_connection() {
         std::panic::resume_unwind(e);
     }
     println!("backend side: {:?}", started.elapsed());
+}
+
+/// lb decap loads where libbpf cannot read the kernel's configuration (a container without
+/// /boot, a kernel without /proc/config.gz): the program asks nothing of it. (It once read
+/// CONFIG_HZ from there, and failed to load, with or without --second-chance.)
+#[test]
+fn root_decap_loads_without_the_kernels_configuration() {
+    common::require_root();
+    let worker = std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare a mount namespace");
+        use nix::mount::{mount, MsFlags};
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).expect("private mounts");
+        // libbpf looks in /boot/config-RELEASE, then /proc/config.gz: an empty /boot and /proc
+        // (in this thread's mount namespace) have neither.
+        for hidden in ["/boot", "/proc"] {
+            mount(Some("tmpfs"), hidden, Some("tmpfs"), MsFlags::empty(), None::<&str>).expect("hide the configuration");
+        }
+        for second_chance in [false, true] {
+            let mut de = Decap::load(GUE_PORT, second_chance).expect("lb decap loads without the kernel's configuration");
+            assert!(de.jiffies().expect("jiffies").1 >= 100, "the clock rate is measured, not read");
+        }
+    });
+    if let Err(e) = worker.join() {
+        std::panic::resume_unwind(e);
+    }
 }

@@ -83,6 +83,15 @@ const volatile __u8 second_chance = 0;
 
 const volatile enum lb_decap_stat lb_decap_stat_btf = LB_DECAP_STAT_MAX;
 
+/* The kernel's clock rate (jiffies a second), for second chance's reading of the kernel's
+ * SYN-cookie bookkeeping; measured by user space after loading (lb_decap_clock), before
+ * attaching. Not the kernel's configuration: libbpf cannot read it on every host. */
+volatile __u32 jiffies_hz = 0;
+/* lb_decap_clock's readings, and whether this kernel has conntrack's lookup for XDP (resolved
+ * when the program was loaded). */
+volatile __u64 clock_jiffies = 0, clock_ns = 0;
+volatile __u8 has_conntrack = 0;
+
 static __always_inline int dcount(__u32 stat, int action)
 {
 	__u64 *v = bpf_map_lookup_elem(&decap_stats, &stat);
@@ -377,6 +386,18 @@ int lb_decap(struct xdp_md *ctx)
 	if (anomaly)
 		dcount(LB_DECAP_ECN_ANOMALY, 0);
 	return dcount(LB_DECAP_DONE, XDP_PASS);
+}
+
+/* Run by user space through BPF_PROG_TEST_RUN, never attached: the kernel's jiffies and
+ * monotonic clock at one moment (two runs apart give jiffies_hz), and whether conntrack's
+ * lookup resolved. */
+SEC("xdp")
+int lb_decap_clock(struct xdp_md *ctx)
+{
+	clock_jiffies = bpf_jiffies64();
+	clock_ns = bpf_ktime_get_ns();
+	has_conntrack = bpf_ksym_exists(bpf_xdp_ct_lookup);
+	return XDP_PASS;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -23,9 +23,6 @@ struct hops_at {
 extern struct nf_conn *bpf_xdp_ct_lookup(struct xdp_md *ctx, struct bpf_sock_tuple *tuple, __u32 tuple__sz,
 					 struct bpf_ct_opts *opts, __u32 opts__sz) __ksym __weak;
 extern void bpf_ct_release(struct nf_conn *ct) __ksym __weak;
-/* The kernel's clock rate, for its SYN-cookie bookkeeping (in jiffies); 0 where libbpf cannot
- * read the kernel's configuration. */
-extern int CONFIG_HZ __kconfig __weak;
 
 /* bpf_ct_opts as kernels since 6.1 take it (netns, error, protocol, direction); later ones
  * accept this size as well as their longer one. */
@@ -54,10 +51,22 @@ static __always_inline int tracked_here(struct xdp_md *ctx, struct bpf_sock_tupl
 	return state >= TCP_CONNTRACK_SYN_SENT && state <= TCP_CONNTRACK_LAST_ACK;
 }
 
-/* Whether the segment `th` lies near the receive window of the closing socket `sk` (within a
- * window, at least 64 KiB, either side of the next byte it expects): a peer that has closed, or
- * whose socket this host closed, sends nothing else; a new connection that reuses the tuple
- * starts at a random sequence number, which lands there about once in 2^15 (64 KiB windows). */
+/* Whether sequence number `seq` lies within `win` (at least 64 KiB) either side of `next`, the
+ * next byte a closing connection expects: its peer sends nothing farther (late data, a FIN, an
+ * ACK, a retransmission of what was received), and a new connection that reuses the tuple
+ * starts at a random number, which lands there about once in 2^32 / (2 win). */
+static __always_inline int near(__u32 seq, __u32 next, __u32 win)
+{
+	if (win < 65535)
+		win = 65535;
+	if (win > 1U << 30)
+		win = 1U << 30;
+	return seq - (next - win) <= 2 * win;
+}
+
+/* near() for the closing socket `sk`: the window is the largest it may have offered (its clamp),
+ * not what it offers now, which an application that stopped reading has shrunk to nothing while
+ * its peer may still retransmit what came before. */
 static __always_inline int in_window(struct bpf_sock *sk, struct tcphdr *th)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
@@ -65,10 +74,24 @@ static __always_inline int in_window(struct bpf_sock *sk, struct tcphdr *th)
 
 	if (!tp)
 		return 1;
-	win = tp->rcv_wnd;
-	if (win < 65535)
-		win = 65535;
-	return bpf_ntohl(th->seq) - (tp->rcv_nxt - win) <= 2 * win;
+	win = tp->window_clamp > tp->rcv_wnd ? tp->window_clamp : tp->rcv_wnd;
+	return near(bpf_ntohl(th->seq), tp->rcv_nxt, win);
+}
+
+/* For a socket in the kernel's TIME_WAIT table: an orphaned FIN_WAIT2 (this host closed, its
+ * application is gone, the peer may still send) holds the segments near its window; a true
+ * TIME_WAIT only its peer's FIN sent again (its ACK was lost), which it answers. */
+static __always_inline int timewait_holds(struct bpf_sock *sk, struct tcphdr *th)
+{
+	struct tcp_timewait_sock *tw = bpf_skc_to_tcp_timewait_sock(sk);
+	__u32 seq = bpf_ntohl(th->seq), next;
+
+	if (!tw)
+		return 0;
+	next = tw->tw_sk.__tw_common.skc_tw_rcv_nxt;
+	if (tw->tw_sk.tw_substate == BPF_TCP_FIN_WAIT2)
+		return near(seq, next, tw->tw_rcv_wnd);
+	return th->fin && seq + 1 == next;
 }
 
 /* Whether the listener `sk` sent a SYN cookie lately: the kernel takes a cookie's ACK for a
@@ -80,8 +103,11 @@ static __always_inline int sent_cookies_lately(struct bpf_sock *sk)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	struct sock_reuseport *group;
-	__u32 hz = CONFIG_HZ > 0 ? CONFIG_HZ : 1000, last, now;
+	__u32 hz = jiffies_hz, last, now;
 
+	/* Not measured (never by lb decap, which measures before attaching): as before. */
+	if (!hz)
+		return 1;
 	if (!tp)
 		return 0;
 	group = tp->inet_conn.icsk_inet.sk.sk_reuseport_cb;
@@ -96,8 +122,10 @@ static __always_inline int sent_cookies_lately(struct bpf_sock *sk)
  * - closing (FIN_WAIT1/2, CLOSING, CLOSE_WAIT, LAST_ACK): if the segment's sequence number is
  *   near the socket's window (in_window()); else it belongs to a new connection elsewhere that
  *   reuses the tuple;
- * - TIME_WAIT: no: the connection is over, and a packet of the tuple is a new connection's
- *   (delivered here, the kernel would answer it with a stale ACK and keep the live one hanging);
+ * - TIME_WAIT: only the peer's FIN sent again; the connection is over, and any other packet of
+ *   its tuple is a new connection's (delivered here, the kernel would answer it with a stale ACK
+ *   and keep the live one hanging). An orphaned FIN_WAIT2, which the kernel keeps in the same
+ *   table, as a closing socket (timewait_holds());
  * - a listener: the ACK that completes a handshake answered with one of this listener's SYN
  *   cookies, or a connection this host's conntrack follows (a listener on the VIP's port beside
  *   a REDIRECT to another);
@@ -131,6 +159,7 @@ static __always_inline int holds(struct xdp_md *ctx, void *iph, struct tcphdr *t
 		return tracked_here(ctx, &t, tlen);
 	switch (sk->state) {
 	case BPF_TCP_TIME_WAIT:
+		mine = timewait_holds(sk, th);
 		break;
 	case BPF_TCP_LISTEN:
 		if (th->ack && !th->syn && !th->rst &&
@@ -164,7 +193,7 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
 	__be16 *ports;
-	int mine;
+	int mine, ask_conntrack;
 
 	if (family == LB_FAMILY_V4) {
 		struct icmphdr *h = ic;
@@ -198,8 +227,9 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 	if (!sk)
 		return tracked_here(ctx, &t, family == LB_FAMILY_V4 ? sizeof(t.ipv4) : sizeof(t.ipv6));
 	mine = sk->state != BPF_TCP_LISTEN && sk->state != BPF_TCP_TIME_WAIT;
+	ask_conntrack = sk->state == BPF_TCP_LISTEN;
 	bpf_sk_release(sk);
-	return mine;
+	return mine || (ask_conntrack && tracked_here(ctx, &t, family == LB_FAMILY_V4 ? sizeof(t.ipv4) : sizeof(t.ipv6)));
 }
 
 /* Second chance for a packet whose hop list is at `h` and whose inner packet (of `family`) is
@@ -329,7 +359,8 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 		since = bpf_map_lookup_elem(&unresolved, &key);
 		if (!since)
 			bpf_map_update_elem(&unresolved, &key, &now, BPF_NOEXIST);
-		else if (now - *since > LB_DECAP_RESOLVE_NS)
+		/* Signed: another CPU may have noted the hop after this one read the clock. */
+		else if ((__s64)(now - *since) > (__s64)LB_DECAP_RESOLVE_NS)
 			return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
 		return dcount(LB_DECAP_HOP_UNRESOLVED, XDP_DROP);
 	}

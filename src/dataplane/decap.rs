@@ -66,6 +66,8 @@ pub struct Decap {
     skel: DecapSkel<'static>,
     /// The addresses in local_addrs now.
     local: HashSet<IpAddr>,
+    /// Whether conntrack's XDP lookup resolved at load.
+    has_conntrack: bool,
 }
 
 impl Decap {
@@ -80,7 +82,51 @@ impl Decap {
         rodata.gue_port = gue_port.to_be();
         rodata.second_chance = second_chance as u8;
         let skel = open.load().context("loading the decapsulation program (is this root, with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN?)")?;
-        Ok(Decap { skel, local: HashSet::new() })
+        let mut decap = Decap { skel, local: HashSet::new(), has_conntrack: false };
+        let hz = decap.measure_hz()?;
+        let bss = decap.skel.maps.bss_data.as_deref_mut().context("the decapsulation program's .bss is not memory-mapped")?;
+        bss.jiffies_hz = hz;
+        Ok(decap)
+    }
+
+    /// One reading of the kernel's clocks by the program lb_decap_clock: (jiffies, monotonic
+    /// nanoseconds); notes whether conntrack's lookup resolved.
+    fn clock_reading(&mut self) -> Result<(u64, u64)> {
+        super::test_run_once(&self.skel.progs.lb_decap_clock, &[0u8; 64])?;
+        let bss = self.skel.maps.bss_data.as_deref().context("the decapsulation program's .bss is not memory-mapped")?;
+        // SAFETY: the fields are plain integers in the program's memory-mapped .bss, which the
+        // kernel wrote during the test run; volatile reads keep the compiler from assuming they
+        // did not change.
+        let (jiffies, ns, ct) =
+            unsafe { (std::ptr::read_volatile(&bss.clock_jiffies), std::ptr::read_volatile(&bss.clock_ns), std::ptr::read_volatile(&bss.has_conntrack)) };
+        self.has_conntrack = ct != 0;
+        Ok((jiffies, ns))
+    }
+
+    /// The kernel's clock rate, jiffies a second: two readings 100 ms apart, rounded to the
+    /// nearest rate Linux is built with (100, 250, 300, 1000). Second chance reads the kernel's
+    /// SYN-cookie bookkeeping, which counts in jiffies; the kernel's configuration, which says
+    /// the rate, is not readable on every host.
+    fn measure_hz(&mut self) -> Result<u32> {
+        let (j0, t0) = self.clock_reading()?;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (j1, t1) = self.clock_reading()?;
+        let measured = j1.saturating_sub(j0) as f64 * 1e9 / t1.saturating_sub(t0).max(1) as f64;
+        let nearest = [100u32, 250, 300, 1000].into_iter().min_by(|a, b| (f64::from(*a) - measured).abs().total_cmp(&(f64::from(*b) - measured).abs()));
+        Ok(nearest.unwrap_or(1000))
+    }
+
+    /// The kernel's jiffies now, and the rate measured at load (jiffies a second).
+    pub fn jiffies(&mut self) -> Result<(u64, u32)> {
+        let (jiffies, _) = self.clock_reading()?;
+        Ok((jiffies, self.skel.maps.bss_data.as_deref().map_or(0, |b| b.jiffies_hz)))
+    }
+
+    /// Whether second chance can ask the kernel's conntrack (its XDP lookup resolved when the
+    /// program was loaded): without it, a backend that REDIRECTs or DNATs the VIP's port has
+    /// no socket second chance can find for its connections.
+    pub fn has_conntrack(&self) -> bool {
+        self.has_conntrack
     }
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
