@@ -358,9 +358,6 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
             if dp.set_local(&addrs)? {
                 log(format!("this host's addresses changed: decapsulating for {} addresses", addrs.len()));
             }
-            // Someone turned the loopback's forwarding off (by hand, or with a global
-            // `ip_forward=0`): that is theirs to decide, and lb decap leaves it off, but says
-            // once what it costs, and once when it is back.
             if second_chance && !dp.has_conntrack() && !conntrack_came && std::path::Path::new(CONNTRACK_BTF).exists() {
                 conntrack_came = true;
                 log(
@@ -368,6 +365,9 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
                      from its start: restart lb decap for connections this host REDIRECTs or DNATs to be kept here",
                 );
             }
+            // Someone turned the loopback's forwarding off (by hand, or with a global
+            // `ip_forward=0`): that is theirs to decide, and lb decap leaves it off, but says
+            // once what it costs, and once when it is back.
             if second_chance {
                 let off = loopback_forwarding_off();
                 for name in off.iter().filter(|n| !forwarding_off.contains(n)) {

@@ -193,6 +193,7 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
 	__be16 *ports;
+	__u32 tlen = family == LB_FAMILY_V4 ? sizeof(t.ipv4) : sizeof(t.ipv6);
 	int mine, ask_conntrack;
 
 	if (family == LB_FAMILY_V4) {
@@ -208,7 +209,6 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 		t.ipv4.daddr = q->saddr;
 		t.ipv4.sport = ports[1];
 		t.ipv4.dport = ports[0];
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
 	} else {
 		struct icmp6hdr *h = ic;
 		struct ipv6hdr *q = (void *)(h + 1);
@@ -222,14 +222,14 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 		__builtin_memcpy(t.ipv6.daddr, &q->saddr, 16);
 		t.ipv6.sport = ports[1];
 		t.ipv6.dport = ports[0];
-		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
 	}
+	sk = bpf_skc_lookup_tcp(ctx, &t, tlen, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
-		return tracked_here(ctx, &t, family == LB_FAMILY_V4 ? sizeof(t.ipv4) : sizeof(t.ipv6));
+		return tracked_here(ctx, &t, tlen);
 	mine = sk->state != BPF_TCP_LISTEN && sk->state != BPF_TCP_TIME_WAIT;
 	ask_conntrack = sk->state == BPF_TCP_LISTEN;
 	bpf_sk_release(sk);
-	return mine || (ask_conntrack && tracked_here(ctx, &t, family == LB_FAMILY_V4 ? sizeof(t.ipv4) : sizeof(t.ipv6)));
+	return mine || (ask_conntrack && tracked_here(ctx, &t, tlen));
 }
 
 /* Second chance for a packet whose hop list is at `h` and whose inner packet (of `family`) is
