@@ -38,8 +38,11 @@ report() {
     printf '  %6d s  in all (%s)\n' $((total / 1000)) "$([ $rc -eq 0 ] && echo passed || echo "FAILED, exit $rc")"
     if [ -f "$LOGS/nextest.log" ]; then
         echo "test.sh: the slowest Rust tests"
-        grep -E '^ *PASS \[' "$LOGS/nextest.log" | sed 's/^ *PASS \[ *\([0-9.]*\)s\] *([0-9/ ]*)/\1/' | sort -rn | head -12 |
-            awk '{printf "  %8.1f s  %s %s\n", $1, $2, $3}'
+        # awk reads all of sort's output and prints the first 12: `head` would leave sort writing
+        # to a closed pipe, whose SIGPIPE (under pipefail, in this EXIT trap) made a passing
+        # run exit 141.
+        grep -E '^ *PASS \[' "$LOGS/nextest.log" | sed 's/^ *PASS \[ *\([0-9.]*\)s\] *([0-9/ ]*)/\1/' | sort -rn |
+            awk 'NR <= 12 {printf "  %8.1f s  %s %s\n", $1, $2, $3}'
     fi
 }
 trap report EXIT
