@@ -14,7 +14,7 @@
 //! Before a working set is measured, a SYN and an ACK of each of its flows make its flow-table
 //! entry (for tracked services); then the pool is reloaded with a fourth backend, which gives
 //! about a quarter of the slots a new owner (1/N, N = 4), and the unstable slots are swept, as
-//! the daemon does every second (src/stable.rs). A tracked packet whose slot kept its owner then
+//! the daemon does every second (crates/core/src/stable.rs). A tracked packet whose slot kept its owner then
 //! goes by the table without its flow-table lookup (counted `stable`); the flows whose slot
 //! changed keep their backends through the lookup, and the "moved" rows measure those alone,
 //! the "kept" rows the others (stable slots only).
@@ -32,10 +32,7 @@ use lb::config::parse_str;
 use lb::balancer::Balancer;
 use lb::dataplane::types;
 
-#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
-mod floor {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
+use lb::dataplane::floor;
 
 /// Port 80: tracked; 81: the same service untracked; 82/83: the same by IPIP. The L2 rows and
 /// the IPIP rows run on two data planes loaded from this pool.
@@ -220,7 +217,7 @@ fn main() -> anyhow::Result<()> {
         std::net::IpAddr::V6(_) => None,
     };
     // The reload, then the sweep until nothing more becomes stable.
-    // (A slot is judged only a moment after the last marking, src/stable.rs: PLACED_MARGIN.)
+    // (A slot is judged only a moment after the last marking, crates/core/src/stable.rs: PLACED_MARGIN.)
     let settle = |dp: &mut Balancer| -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(120));
         while dp.sweep()? > 0 {}
@@ -269,7 +266,7 @@ fn main() -> anyhow::Result<()> {
         // Fresh data planes for each working set, so that each flow table holds W flows.
         let (mut l2, mut ipip) = (load()?, load()?);
         // Flows begin a while after their tables are placed, as in service: an entry written
-        // within moments of its range's placement counts as older than it (src/stable.rs,
+        // within moments of its range's placement counts as older than it (crates/core/src/stable.rs,
         // PLACED_MARGIN), and would hold every slot until its flow is seen again.
         std::thread::sleep(Duration::from_millis(200));
         // The working set's entries, for both tracked services.

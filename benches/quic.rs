@@ -1,5 +1,5 @@
 //! Nanoseconds per packet through BPF_PROG_TEST_RUN for a QUIC short-header packet routed by its
-//! connection ID (QUIC-LB, src/bpf/quic.h), in plain sight and encrypted (one AES-128 block for
+//! connection ID (QUIC-LB, crates/dataplane/src/bpf/quic.h), in plain sight and encrypted (one AES-128 block for
 //! 16 octets of server ID and nonce; three or four for the Feistel network), against a plain UDP
 //! flow of a service without quic_lb, measured in the same rounds. Prints figures and ratios;
 //! asserts only that every repeat took the intended path (its counter moved by the repeats).

@@ -27,10 +27,7 @@ use lb::balancer::Balancer;
 use lb::config::{parse_str, HashMode};
 use lb::dataplane::decap::Decap;
 
-#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
-mod floor {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
+use lb::dataplane::floor;
 
 /// Port 84: plain GUE; port 86: the same with second chance, whose previous pool lacked b4, so
 /// b4's slots list their previous owner.

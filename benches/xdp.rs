@@ -23,10 +23,7 @@ use lb::config::parse_str;
 use lb::balancer::Balancer;
 use lb::dataplane::types;
 
-#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
-mod floor {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
+use lb::dataplane::floor;
 
 /// Port 80: connection tracking on (the default); port 81: the same service with it off.
 const POOL: &str = include_str!("../tests/pools/bench-xdp.yaml");
@@ -102,7 +99,7 @@ fn main() -> anyhow::Result<()> {
         std::net::IpAddr::V4(_) => Some([0x02, 0, 0, 0, 0, 1]),
         std::net::IpAddr::V6(_) => None,
     })?;
-    // The same pool on a second plane, whose slots are swept stable (src/stable.rs) after its
+    // The same pool on a second plane, whose slots are swept stable (crates/core/src/stable.rs) after its
     // flow shook hands: the tracked packet then goes by the table, one in 16 excepted.
     let mut stable = Balancer::load(lb::dataplane::DEFAULT_TABLE_CAPACITY)?;
     stable.install(&pool, [0x02, 0, 0, 0, 0, 1], &|a| match a {

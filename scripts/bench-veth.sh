@@ -11,7 +11,7 @@
 #
 #
 # With --flows W, every packet is another TCP flow of a working set of W (the generator walks it
-# round-robin; src/bpf/trafgen.bpf.c), with --new PCT percent of the packets SYNs of flows never
+# round-robin; crates/dataplane/src/bpf/trafgen.bpf.c), with --new PCT percent of the packets SYNs of flows never
 # seen, generated on --cpus N CPUs (a veth with N queues: the receiving side runs on as many).
 # Each round then measures the floor and four lb services: L2 with connection tracking off and
 # on, IPIP off and on (one lb for the L2 pair, a fresh one for the IPIP pair, so each flow table

@@ -1,29 +1,18 @@
-//! `lb`: an XDP Layer-4 load balancer.
+//! `lb`: an XDP Layer-4 load balancer. This package is the `lb` binary and the balancer, on top
+//! of two crates that are its layers (docs/architecture.md):
 //!
-//! Almost everything here is pure: the pool configuration ([`config`]), the table builders that
-//! compile a backend pool into a fixed destination table ([`table`]), the comparison of two pools
-//! ([`diff`]), the reload planner ([`plan`]), the flow hash ([`flowhash`]), the rule that makes a changed slot stable again ([`stable`]), QUIC-LB's
-//! connection IDs ([`quic_lb`]), counters ([`stats`]) and the text and JSON that the commands print
-//! ([`report`]). None of it needs root, a kernel or libbpf, so every rule of the
-//! design can be tested anywhere. The one exception is [`dataplane`], the only module that talks
-//! to the kernel (BPF maps and programs, links, netlink); nothing in the pure modules uses it, and
-//! it uses the pure modules' types only as data, never their builders or planner.
+//! - `lb-core` (crates/core), the kernel-free core: the pool model, the table builders, the
+//!   planner, the flow hash, load arithmetic, QUIC-LB, counters and reports. It builds without
+//!   clang, libbpf or root, and cannot name the data plane: it does not depend on it.
+//! - `lb-dataplane` (crates/dataplane), the only code that talks to the kernel: the BPF
+//!   programs and their maps. It uses the core's types as data.
 //!
 //! [`balancer`] joins the two: a loaded data plane and the controller's mirror of its maps. It
-//! builds the tables, plans each change and hands the operations to the data plane to execute,
-//! so the imports run one way: balancer -> dataplane -> core types, and balancer -> core.
+//! builds the tables, plans each change and hands the operations to the data plane to execute.
+//! The core's modules and the data plane are re-exported under their old names (`lb::table`,
+//! `lb::dataplane`, ...), so that the binary, the tests and the benchmarks name them one way.
 
 pub mod balancer;
-pub mod config;
-pub mod dataplane;
-pub mod diff;
-pub mod flowhash;
-pub mod health;
-pub mod load;
-pub mod metrics;
-pub mod plan;
-pub mod quic_lb;
-pub mod report;
-pub mod stable;
-pub mod stats;
-pub mod table;
+
+pub use lb_core::{config, diff, flowhash, health, load, metrics, plan, quic_lb, report, stable, stats, table};
+pub use lb_dataplane as dataplane;

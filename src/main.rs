@@ -25,7 +25,7 @@ mod settings;
 mod xdp;
 
 /// `lb --version`: the crate's version, the commit it was built from (build.rs) and the layout
-/// of the BPF maps it pins (the hash of src/bpf/lb.h, which decides whether a pinned data plane
+/// of the BPF maps it pins (the hash of crates/dataplane/src/bpf/lb.h, which decides whether a pinned data plane
 /// is adopted or replaced). `lb_build_info` carries the same.
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),

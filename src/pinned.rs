@@ -1,7 +1,7 @@
 //! The commands that work on a pinned data plane (`lb attach --pin`) from any process, with or
 //! without its controller running: `lb status` and `lb detach`.
 //!
-//! The pins live in `PIN_DIR/net<inode>/<ifname>` (src/dataplane/pin.rs). A controller holds an
+//! The pins live in `PIN_DIR/net<inode>/<ifname>` (crates/dataplane/src/pin.rs). A controller holds an
 //! exclusive lock on that directory while it runs (src/daemon/pinning.rs), so two never control
 //! one interface; the kernel drops the lock with the process, however it ends. These commands
 //! are not part of `lb attach`, so they live beside it rather than in src/daemon/; the daemon

@@ -255,21 +255,18 @@ fn quic_lb_prints_what_a_server_needs_and_lb_table_agrees() {
 }
 
 /// `lb --version`: the crate's version, the commit this checkout is at (CI builds a clean
-/// clone), and the layout of the maps it pins: the FNV-1a hash of src/bpf/lb.h, which decides
-/// whether a restart adopts a pinned data plane.
+/// clone), and the layout of the maps it pins: the hash of crates/dataplane/src/bpf/lb.h's code
+/// (lb::dataplane::identity, comments aside), which decides whether a restart adopts a pinned
+/// data plane.
 #[test]
 fn version_names_the_commit_and_the_bpf_layout() {
     let o = lb(&["--version"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let header = std::fs::read(root.join("src/bpf/lb.h")).unwrap();
-    let fnv = |bytes: &[u8]| bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-    let mut layout = fnv(&header);
-    if cfg!(feature = "layout-test") {
-        // The upgrade test's second build says it is another layout.
-        layout = fnv(&[&layout.to_le_bytes()[..], b"layout-test"].concat());
-    }
+    let header = std::fs::read_to_string(root.join("crates/dataplane/src/bpf/lb.h")).unwrap();
+    // The upgrade test's second build says it is another layout.
+    let layout = lb::dataplane::identity::layout(&header, cfg!(feature = "layout-test"));
     // A build told its commit ($LB_GIT_COMMIT, as from a source tarball) names that one; else
     // git's, when this crate is the top of its repository (not a tree inside another one).
     let git = |args: &[&str]| match Command::new("git").arg("-C").arg(root).args(args).output() {

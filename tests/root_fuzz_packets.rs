@@ -31,7 +31,7 @@
 //!   cannot know of), lb's two counters say which of the two happened, and any sent first
 //!   fragment does one of them. A failure prints the datagram's last fragments with what each
 //!   did.
-//! - `lb decap` (src/bpf/decap.bpf.c), fed lb's encapsulated output, the same with the outer
+//! - `lb decap` (crates/dataplane/src/bpf/decap.bpf.c), fed lb's encapsulated output, the same with the outer
 //!   source rewritten (inside and outside its allow-list) and mutations of both, never unwraps a
 //!   packet whose outer source is outside its allow-list.
 //!

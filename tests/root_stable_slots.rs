@@ -18,10 +18,7 @@ use lb::dataplane::types::lb_stat;
 use lb::flowhash::flow_hash;
 use lb::table;
 
-#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
-mod floor {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
+use lb::dataplane::floor;
 
 /// The id of the program behind `fd`.
 fn prog_id_of(fd: std::os::fd::BorrowedFd<'_>) -> u32 {
@@ -54,7 +51,7 @@ fn ip(s: &str) -> IpAddr {
 
 /// A tracked plane of the conntrack pool, a moment after its tables were placed (flows begin
 /// later than that in service; an entry written within PLACED_MARGIN of its range's placement
-/// counts as older than it, src/stable.rs).
+/// counts as older than it, crates/core/src/stable.rs).
 fn setup() -> (Balancer, Pool) {
     let p = pool(A);
     let dp = common::tracked_plane(&p, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true, mac);
@@ -124,7 +121,7 @@ fn establish(dp: &Balancer, flows: &[(Ipv4Addr, u16)]) {
 const YOUNG: Duration = Duration::from_millis(2300);
 
 /// Sweeps until nothing more becomes stable, once a slot marked last is old enough to be judged
-/// (src/stable.rs, PLACED_MARGIN: about 67 ms), as the daemon's sweep each second does.
+/// (crates/core/src/stable.rs, PLACED_MARGIN: about 67 ms), as the daemon's sweep each second does.
 fn settle(dp: &mut Balancer) {
     std::thread::sleep(Duration::from_millis(120));
     while dp.sweep().expect("sweep") > 0 {}

@@ -201,7 +201,7 @@ enum Cmd {
     },
     /// Sends frames out of IFACE as fast as BPF_PROG_TEST_RUN's live-frame mode can, for
     /// SECONDS; prints the packets sent per second. Identical UDP frames, or with --flows or
-    /// --new-every, TCP frames of many flows (src/bpf/trafgen.bpf.c).
+    /// --new-every, TCP frames of many flows (crates/dataplane/src/bpf/trafgen.bpf.c).
     Trafgen {
         iface: String,
         #[arg(long)]
@@ -249,15 +249,9 @@ enum Cmd {
     },
 }
 
-#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
-mod trafgen_skel {
-    include!(concat!(env!("OUT_DIR"), "/trafgen.skel.rs"));
-}
+use lb::dataplane::trafgen as trafgen_skel;
 
-#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
-mod floor {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
+use lb::dataplane::floor;
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
@@ -998,7 +992,7 @@ fn trafgen(iface: &str, dst_mac: &str, src: std::net::Ipv4Addr, dst: std::net::I
     }
     // In live-frame mode the program runs on frames built from this one and XDP_TX sends
     // each out of the interface named in the context; the program writes the frame afresh
-    // each time (src/bpf/trafgen.bpf.c says why).
+    // each time (crates/dataplane/src/bpf/trafgen.bpf.c says why).
     use libbpf_rs::skel::{OpenSkel, SkelBuilder};
     let mut object = std::mem::MaybeUninit::uninit();
     let mut open = trafgen_skel::TrafgenSkelBuilder::default().open(&mut object)?;

@@ -32,7 +32,7 @@ pub struct Balancer {
     state: plan::State,
     /// Reuses ring tokens from one change to the next.
     builder: table::Builder,
-    /// Which slots are marked unstable (src/stable.rs).
+    /// Which slots are marked unstable (crates/core/src/stable.rs).
     marks: stable::Marks,
 }
 
@@ -46,7 +46,7 @@ pub struct Applied {
     /// Map writes in all.
     pub writes: usize,
     /// QUIC-LB server IDs or forgotten entries that could not be written once the tables were
-    /// live (src/dataplane/quic.rs); the next change tries again.
+    /// live (crates/dataplane/src/quic.rs); the next change tries again.
     pub quic_incomplete: Option<String>,
 }
 
@@ -242,7 +242,7 @@ impl Balancer {
     }
 
     /// Marks stable every unstable slot that no tracked flow elsewhere can hash to any more
-    /// (src/stable.rs): from then on its established TCP flows go by the table without a
+    /// (crates/core/src/stable.rs): from then on its established TCP flows go by the table without a
     /// flow-table lookup. The daemon calls it every second; it reads the flow tables whole
     /// (through their mappings) only while some slot is unstable. Returns how many slots it
     /// marked stable.

@@ -1,4 +1,4 @@
-//! The balancer's side of stable slots (src/stable.rs): which slots it has marked unstable, when
+//! The balancer's side of stable slots (crates/core/src/stable.rs): which slots it has marked unstable, when
 //! each service's range was placed, marking after each change and on adoption, and the sweep
 //! that marks slots stable again.
 
@@ -43,7 +43,7 @@ impl Marks {
     /// slot written is unstable (the data plane marked it as it wrote it); a service placed anew,
     /// resized or rehashed has every slot unstable, marked here where its owner did not change,
     /// and its placement recorded; a second-chance slot whose first hop differs from its owner
-    /// is unstable too (src/stable.rs, pinned()).
+    /// is unstable too (crates/core/src/stable.rs, pinned()).
     pub(super) fn after(&mut self, dp: &Dataplane, new: &[LiveService], ops: &[Op]) -> Result<()> {
         self.note_written(ops);
         self.placed_now(dp)?;
@@ -164,7 +164,7 @@ impl Marks {
         self.unstable.contains(&i)
     }
 
-    /// Marks stable every unstable slot that the flow tables allow (src/stable.rs), and forgets
+    /// Marks stable every unstable slot that the flow tables allow (crates/core/src/stable.rs), and forgets
     /// those no service holds. Returns how many became stable.
     pub(super) fn sweep(&mut self, dp: &Dataplane, services: &[LiveService]) -> Result<usize> {
         let now = marks::now_ticks()?;

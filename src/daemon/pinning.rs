@@ -3,7 +3,7 @@
 //! one attached; a new one is pinned once attached; at the end, the data plane is left
 //! attached with its controller fields cleared.
 //!
-//! The pins live in `PIN_DIR/net<inode>/<ifname>` (src/dataplane/pin.rs). A controller holds an
+//! The pins live in `PIN_DIR/net<inode>/<ifname>` (crates/dataplane/src/pin.rs). A controller holds an
 //! exclusive lock on that directory while it runs, so two never control one interface; the
 //! kernel drops the lock with the process, however it ends. `lb status` and `lb detach`, which
 //! any process runs, are in src/pinned.rs.

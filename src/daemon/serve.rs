@@ -25,7 +25,7 @@ const RELOAD_MAX_WAIT: Duration = Duration::from_secs(1);
 /// changed MAC is followed within this).
 const CLOCK_TICK: Duration = Duration::from_millis(250);
 
-/// How often unstable table slots are swept (src/stable.rs): a slot that changed owner goes back
+/// How often unstable table slots are swept (crates/core/src/stable.rs): a slot that changed owner goes back
 /// to lookup-free forwarding of its established flows within this, once no flow tracked
 /// elsewhere hashes to it.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);

@@ -1,6 +1,6 @@
 //! A small deterministic generator (splitmix64), seeded: a failing input can be replayed, and the
 //! same seed gives the same inputs on every machine. The one copy: tests/tables.rs and the lib's
-//! unit tests (src/flowhash.rs) include this file by path.
+//! unit tests (crates/core/src/flowhash.rs) include this file by path.
 #![allow(dead_code)]
 
 pub struct Rng(pub u64);

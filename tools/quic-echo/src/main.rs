@@ -2,8 +2,8 @@
 //! UDP sockets, inside the test's network namespaces. Not part of lb itself.
 //!
 //! - `serve --name NAME --listen ADDR:PORT [--quic-lb FILE]`: a backend bound to ADDR:PORT (the
-//!   VIP on its loopback). With FILE (lb::quic_lb::ServerParams as YAML) every connection ID it
-//!   issues is a routable QUIC-LB ID (lb::quic_lb::RoutableIds); without it, quinn's own IDs.
+//!   VIP on its loopback). With FILE (lb_core::quic_lb::ServerParams as YAML) every connection ID it
+//!   issues is a routable QUIC-LB ID (lb_core::quic_lb::RoutableIds); without it, quinn's own IDs.
 //!   Each line received on a bidirectional stream is answered with `NAME <line>`. Prints
 //!   `listening ADDR:PORT cid-len N` once ready. With QUIC_ECHO_DEBUG set in its environment it
 //!   prints the first IDs it issues, and the server IDs they carry, to stderr.

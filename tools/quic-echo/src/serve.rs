@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use lb::quic_lb::{decode_server_id, Config, RoutableIds, ServerParams};
+use lb_core::quic_lb::{decode_server_id, Config, RoutableIds, ServerParams};
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::rustls;
 use quinn::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::plan;
+use lb_core::plan;
 
 use super::encode::{addr_of, bytes_of, key_of, name_text, route_of, service_key_of, value_of, LB_BACKEND_ALIVE, LB_BACKEND_IN_POOL, LB_BACKEND_MAC_KNOWN, LB_META_MAGIC};
 use super::{types, Dataplane, PINNED_MAPS};
@@ -170,9 +170,9 @@ pub fn read_live(src: &dyn MapSource) -> Result<plan::LiveMaps> {
         let (m, a): (types::lb_backend_meta, types::lb_addr) = (value_of(&m), value_of(&a));
         let (Some(service), Some(address)) = (key_of(&m.service), addr_of(&a.addr, a.family)) else { continue };
         let state = match m.state {
-            1 => crate::config::BackendState::Drain,
-            2 => crate::config::BackendState::Down,
-            _ => crate::config::BackendState::Active,
+            1 => lb_core::config::BackendState::Drain,
+            2 => lb_core::config::BackendState::Down,
+            _ => lb_core::config::BackendState::Active,
         };
         live.backends.push((
             id,
@@ -211,7 +211,7 @@ impl Dataplane {
     /// retired by an earlier controller, and the flow table may still hold entries of its last
     /// owner. Reissued from generation 0, it would count up to the one those entries carry and
     /// make them usable again, sending their flows to a backend they never had.
-    pub(crate) fn recall(&mut self, live: &plan::LiveMaps) -> Result<()> {
+    pub fn recall(&mut self, live: &plan::LiveMaps) -> Result<()> {
         // In batches (65,536 single lookups cost the adoption about 0.4 s); an id never issued
         // reads 0, which is what a missing entry means here too.
         for (k, v) in self.skel.maps.backend_gen.lookup_batch(8192, MapFlags::ANY, MapFlags::ANY)? {

@@ -2,7 +2,7 @@
 #ifndef LB_HASH_H
 #define LB_HASH_H
 
-/* ---- hashing: the flow hash, documented in docs/data-plane.md ("Flow hash") and src/flowhash.rs ----
+/* ---- hashing: the flow hash, documented in docs/data-plane.md ("Flow hash") and crates/core/src/flowhash.rs ----
  * The input is split into 8-byte little-endian lanes (a 4-byte input is one lane, zero-extended).
  * h = LB_HASH_SEED ^ (len * K); for each lane x: h = (h ^ x) * K; then MurmurHash3's 64-bit
  * finalizer (fmix64); the hash is the low 32 bits. K is 2^64 / golden ratio. One multiply per
@@ -85,7 +85,7 @@ static __always_inline __u32 hash40(const __u64 *l)
  * solvable, so it is a keyed pseudo-random function of the same lanes, with the key mixed in
  * before anything is compressed (any function of the unkeyed 64-bit hash would be as forgeable
  * as the hash). One compression round per lane and three to finish: the variant Rust's HashMap
- * uses against hash flooding. src/flowhash.rs computes the same (flow_tag). */
+ * uses against hash flooding. crates/core/src/flowhash.rs computes the same (flow_tag). */
 
 static __always_inline __u64 sip_rotl(__u64 x, int b)
 {

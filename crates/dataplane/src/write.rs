@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use anyhow::Result;
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::plan;
+use lb_core::plan;
 
 use super::encode::{addr_words, bytes_of, name_bytes, route_value, service_key_of, LB_BACKEND_ALIVE, LB_BACKEND_IN_POOL, LB_BACKEND_MAC_KNOWN};
 use super::{types, Dataplane};
@@ -17,7 +17,7 @@ impl Dataplane {
     /// Writes one operation of a plan to the maps. Crate-private, like every write that the
     /// balancer's mirror must know of: a caller outside the crate reaches the data plane through
     /// the balancer's Deref, and must not change the maps behind its back.
-    pub(crate) fn execute(&mut self, op: &plan::Op) -> Result<()> {
+    pub fn execute(&mut self, op: &plan::Op) -> Result<()> {
         let maps = &self.skel.maps;
         match op {
             plan::Op::Backend { id, address, alive, in_pool } => self.write_backend(*id, *address, *alive, *in_pool)?,
@@ -27,9 +27,9 @@ impl Dataplane {
                     identity: meta.identity,
                     weight: meta.weight,
                     state: match meta.state {
-                        crate::config::BackendState::Active => 0,
-                        crate::config::BackendState::Drain => 1,
-                        crate::config::BackendState::Down => 2,
+                        lb_core::config::BackendState::Active => 0,
+                        lb_core::config::BackendState::Drain => 1,
+                        lb_core::config::BackendState::Down => 2,
                     },
                     name: name_bytes(name),
                     ..Default::default()
@@ -97,7 +97,7 @@ impl Dataplane {
 
     /// Writes backend `id`'s address (the outer destination of encapsulated packets), then its
     /// record: its neighbour's MAC as known now.
-    pub(crate) fn write_backend(&self, id: u32, address: IpAddr, alive: bool, in_pool: bool) -> Result<()> {
+    pub fn write_backend(&self, id: u32, address: IpAddr, alive: bool, in_pool: bool) -> Result<()> {
         let mac = self.macs.get(&self.neighbour_of(address)).copied();
         let (addr, family) = addr_words(address);
         let to = types::lb_addr { addr, family, ..Default::default() };

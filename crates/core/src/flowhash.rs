@@ -1,6 +1,6 @@
 //! The data plane's flow hash, computed in user space too, so that tests and tools can predict
 //! which slot (and so which backend) a packet reaches. It must agree bit for bit with the
-//! hash in src/bpf/hash.h; the root packet tests check that it does on every path.
+//! hash in crates/dataplane/src/bpf/hash.h; the root packet tests check that it does on every path.
 //!
 //! The input is these bytes (addresses and ports in network byte order, exactly as they appear
 //! in the packet):
@@ -71,13 +71,13 @@ pub fn hash_input(mode: HashMode, src: IpAddr, dst: IpAddr, sport: u16, dport: u
 
 /// The flow-table tag of a flow from `src:sport` to `dst:dport` under the data plane's secret
 /// `key` (lb.h, struct lb_flow_key): SipHash-1-3 of the `flow` input's lanes, with bit 0 set
-/// (src/bpf/hash.h says why a keyed function and not the flow hash); [`tag_bucket`] and
+/// (crates/dataplane/src/bpf/hash.h says why a keyed function and not the flow hash); [`tag_bucket`] and
 /// [`tag_bucket2`] are the two buckets, among `buckets` (a power of two), where it may live.
 pub fn flow_tag(key: [u64; 2], src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8) -> u64 {
     siphash::<1, 3>(key, &hash_input(HashMode::Flow, src, dst, sport, dport, proto)) | 1
 }
 
-/// SipHash-C-D (Aumasson and Bernstein) of `bytes` under `key`, as src/bpf/hash.h computes it for
+/// SipHash-C-D (Aumasson and Bernstein) of `bytes` under `key`, as crates/dataplane/src/bpf/hash.h computes it for
 /// C = 1, D = 3 (its inputs are whole lanes; a partial last lane is handled here as the
 /// reference does, so that the tests can check this against SipHash-2-4 test vectors).
 pub fn siphash<const C: usize, const D: usize>(key: [u64; 2], bytes: &[u8]) -> u64 {
@@ -138,7 +138,7 @@ pub fn flow_hash(mode: HashMode, src: IpAddr, dst: IpAddr, sport: u16, dport: u1
 // The integration tests' seeded generator, shared rather than copied: the same seed gives the
 // same inputs here and there.
 #[cfg(test)]
-#[path = "../tests/common/rng.rs"]
+#[path = "../../../tests/common/rng.rs"]
 mod test_rng;
 
 #[cfg(test)]

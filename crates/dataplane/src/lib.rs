@@ -14,6 +14,7 @@ mod encode;
 mod mapped;
 pub mod link;
 pub mod live;
+pub mod identity;
 pub mod netlink;
 pub mod pin;
 mod quic;
@@ -33,6 +34,20 @@ use libbpf_rs::MapCore;
 #[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/lb.skel.rs"));
+}
+
+/// The benchmarks' floor program (crates/dataplane/src/bpf/floor.bpf.c): what the cheapest XDP program costs on
+/// this machine, the baseline every benchmark's ratios are measured against.
+#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
+pub mod floor {
+    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+}
+
+/// The end-to-end tests' traffic generator (crates/dataplane/src/bpf/trafgen.bpf.c): frames of many flows sent
+/// from XDP, faster than any socket can.
+#[allow(clippy::all, dead_code, non_camel_case_types, non_snake_case, non_upper_case_globals)]
+pub mod trafgen {
+    include!(concat!(env!("OUT_DIR"), "/trafgen.skel.rs"));
 }
 
 pub use counters::CounterMaps;
@@ -66,14 +81,14 @@ pub struct Dataplane {
     via: HashMap<IpAddr, IpAddr>,
     /// Each backend id's generation (see lb.h, struct lb_flow).
     gens: HashMap<u32, u32>,
-    /// The table words may not carry unstable marks yet (src/dataplane/stable.rs).
+    /// The table words may not carry unstable marks yet (crates/dataplane/src/stable.rs).
     unmarked: bool,
     /// The .bss map was reused from a pin: the skeleton's mapping of it is then a copy, not
     /// the map (libbpf maps only the maps it creates), and settings are written through.
     bss_reused: bool,
     /// The QUIC-LB key each service's AES context in quic_aes was made from, as this process
-    /// installed it (the kernel never gives a key back): src/dataplane/quic.rs.
-    quic_keys: HashMap<crate::plan::RouteKey, [u8; 16]>,
+    /// installed it (the kernel never gives a key back): crates/dataplane/src/quic.rs.
+    quic_keys: HashMap<lb_core::plan::RouteKey, [u8; 16]>,
 }
 
 /// Flow-table entries by default (`--conntrack-size`): 262,144, 4 MiB of kernel memory (and
@@ -173,7 +188,7 @@ impl Dataplane {
         // lb_slot_bits: decided by the program, not by the pins, which a controller that died
         // between its switch and its pinning leaves behind): its table words carry no unstable
         // bit, and its entries no record, so nothing says which slots changed under which flows: every slot
-        // is unstable until a sweep finds otherwise (src/stable.rs). Its program, still attached,
+        // is unstable until a sweep finds otherwise (crates/core/src/stable.rs). Its program, still attached,
         // reads the same words as backend ids, so no mark may be written until this program
         // has replaced it: until then this program counts every slot as unstable
         // (lb_config.stable_off), and the balancer marks them once it has switched.
@@ -347,7 +362,7 @@ impl Dataplane {
     }
 
     /// The secret key of the flow tags, for tests and tools that place or find flows
-    /// ([`crate::flowhash::flow_tag`]).
+    /// ([`lb_core::flowhash::flow_tag`]).
     pub fn flow_key(&self) -> Result<[u64; 2]> {
         let v = self.skel.maps.flow_key.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.unwrap_or_default();
         Ok(value_of::<types::lb_flow_key>(&v).k)
@@ -378,7 +393,7 @@ impl Dataplane {
     /// the backend records written from now on. Writes nothing: rewriting the records of the
     /// backends at `addr` takes knowing which ids are there, which the caller does. Returns
     /// whether the neighbour changed. Crate-private (see [`Dataplane::execute`]).
-    pub(crate) fn remember_via(&mut self, addr: IpAddr, neighbour: IpAddr) -> bool {
+    pub fn remember_via(&mut self, addr: IpAddr, neighbour: IpAddr) -> bool {
         if self.neighbour_of(addr) == neighbour {
             return false;
         }
@@ -392,7 +407,7 @@ impl Dataplane {
 
     /// Remembers neighbour `addr`'s MAC (None: unknown), for the backend records written from now
     /// on. Writes nothing (see [`Dataplane::remember_via`]). Returns whether it changed.
-    pub(crate) fn remember_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> bool {
+    pub fn remember_mac(&mut self, addr: IpAddr, mac: Option<[u8; 6]>) -> bool {
         if self.mac(addr) == mac {
             return false;
         }

@@ -188,7 +188,7 @@ struct lb_slot_pair {
 
 /* The bits of a table_slots word. A slot is UNSTABLE from the moment the control plane gives it
  * a new owner (or places it in a new range) until its sweep has found that no flow tracked to
- * another backend can still hash to it (src/stable.rs; docs/data-plane.md, "Stable slots"):
+ * another backend can still hash to it (crates/core/src/stable.rs; docs/data-plane.md, "Stable slots"):
  * only then may a tracked packet of an established TCP flow on it go by the table without its
  * flow-table lookup, since the lookup could only say what the table says. The bit is written
  * with the owner, in one store: no packet sees a new owner marked stable. */
@@ -289,7 +289,7 @@ struct lb_meta {
 	__u64 reserved[2];      /* [0]: the ifindex of the --announce device holding the VIPs (0: none);
 				 * [1]: the data plane's tick (flow.h) when a table range was last
 				 * placed or rehashed, + 1 (0: not recorded; all ones: a change
-				 * placing ranges is under way; src/stable.rs) */
+				 * placing ranges is under way; crates/core/src/stable.rs) */
 };
 
 /* The program's settings (a global in .bss). */
@@ -381,7 +381,7 @@ enum lb_stat {
 	LB_STAT_MAX,
 };
 
-/* Counters of the backend-side decapsulation program (src/bpf/decap.bpf.c). */
+/* Counters of the backend-side decapsulation program (crates/dataplane/src/bpf/decap.bpf.c). */
 enum lb_decap_stat {
 	LB_DECAP_DONE = 0,   /* an IPIP or GUE packet for this host: outer headers stripped, passed */
 	LB_DECAP_PASSED,     /* anything else: passed unchanged */

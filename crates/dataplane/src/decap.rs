@@ -1,4 +1,4 @@
-//! The backends' decapsulation program (src/bpf/decap.bpf.c), for `lb decap`: loads it, writes
+//! The backends' decapsulation program (crates/dataplane/src/bpf/decap.bpf.c), for `lb decap`: loads it, writes
 //! the prefixes encapsulated packets may come from, keeps its map of this host's addresses in
 //! step with the interfaces, and reads its counters.
 

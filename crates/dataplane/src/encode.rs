@@ -5,8 +5,8 @@
 
 use std::net::IpAddr;
 
-use crate::config::{Forward, HashMode, Protocol};
-use crate::plan;
+use lb_core::config::{Forward, HashMode, Protocol};
+use lb_core::plan;
 
 use super::types;
 
@@ -140,7 +140,7 @@ pub fn service_key_bytes(vip: IpAddr, port: u16, proto: Protocol) -> Vec<u8> {
     bytes_of(&service_key(vip, port, proto)).to_vec()
 }
 
-/// The vip_index entry of a key: the same function as lb_vip_index() in src/bpf/route.h, on the same
+/// The vip_index entry of a key: the same function as lb_vip_index() in crates/dataplane/src/bpf/route.h, on the same
 /// raw (network-order) words. If the two disagreed, no service would ever be found, which every
 /// forwarding packet fixture would catch.
 fn vip_index(k: &types::lb_service_key) -> u32 {

@@ -99,7 +99,7 @@ static __always_inline __u64 flow_tag40(const __u64 *l)
 
 /* How far ahead of a CPU's `now` another CPU's time stamp in a flow word may be and still be
  * taken for a moment later, not 2^32 ticks earlier: a packet that read the clock, then met an
- * entry another CPU wrote since. As far as the sweep of stable slots allows (src/stable.rs,
+ * entry another CPU wrote since. As far as the sweep of stable slots allows (crates/core/src/stable.rs,
  * AHEAD: about 69 s), not a few ticks: a CPU can be held up for longer than that between reading
  * the clock and judging a bucket (a virtual CPU its host preempts, an interrupt storm), and with
  * 4 ticks (67 ms) such a CPU judged a confirmed entry refreshed meanwhile expired, and a promotion
@@ -150,7 +150,7 @@ static __always_inline __u32 ct_timeout_ticks(__u8 proto)
  * refresh interval more (before, a flow idle for the timeout less that lag could lose it: issue
  * 38, item 13). Once reset: LB_CT_RESET_TICKS (or the timeout, if shorter), counted from the
  * `seen` that reset_seen() (conntrack.h) wrote for the purpose, so without that margin. Mirrored
- * by the sweep of stable slots (src/stable.rs, life()). */
+ * by the sweep of stable slots (crates/core/src/stable.rs, life()). */
 static __always_inline __u32 ct_life(__u32 flags, __u32 timeout)
 {
 	if (flags & LB_FLOW_RESET)

@@ -432,7 +432,7 @@ impl Dataplane {
 impl Dataplane {
     /// When a table range was last placed or rehashed (the data plane's ticks), as lb_meta
     /// records it (`reserved[1]`, the tick + 1; 0: never recorded, a plane from before stable
-    /// slots or a fresh one). See src/stable.rs.
+    /// slots or a fresh one). See crates/core/src/stable.rs.
     pub fn placed_mark(&self) -> Result<Option<u32>> {
         let v = self.skel.maps.lb_meta.lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
         let meta: types::lb_meta = value_of(&v);
@@ -476,8 +476,8 @@ const PLACEMENT_UNDER_WAY: u64 = u64::MAX;
 fn put_flow(slots: &FlowSlots, choices: usize, slot: &[u8], wrote: &mut HashMap<u64, Vec<u8>>) -> Result<bool> {
     let tag = u64::from_ne_bytes(slot[..8].try_into()?);
     let buckets = slots.len() / FLOW_WAYS;
-    let first = crate::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
-    let second = crate::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
+    let first = lb_core::flowhash::tag_bucket(tag, buckets) * FLOW_WAYS;
+    let second = lb_core::flowhash::tag_bucket2(tag, buckets) * FLOW_WAYS;
     let candidates: Vec<u32> = [first..first + FLOW_WAYS, second..second + FLOW_WAYS].into_iter().take(choices).flatten().collect();
     if let Some(&i) = candidates.iter().find(|&&i| slots.tag(i) == tag) {
         if let Some(prev) = wrote.get(&tag).filter(|p| p.as_slice() != slot) {
@@ -523,7 +523,7 @@ fn slot_from_keyed(key: [u64; 2], k: &[u8], v: &[u8], size: usize) -> Option<Vec
     };
     let (src, dst) = (addr(&k[0..16])?, addr(&k[16..32])?);
     let port = |i: usize| u16::from_be_bytes([k[i], k[i + 1]]);
-    let tag = crate::flowhash::flow_tag(key, src, dst, port(32), port(34), k[36]);
+    let tag = lb_core::flowhash::flow_tag(key, src, dst, port(32), port(34), k[36]);
     let backend = u32::from_ne_bytes(v[0..4].try_into().ok()?);
     let gen = u32::from_ne_bytes(v[4..8].try_into().ok()?);
     let seen_ms = u64::from_ne_bytes(v[8..16].try_into().ok()?);

@@ -203,12 +203,12 @@ pub struct Service {
     /// `second_chance: on` (GUE, TCP): packets carry a hop list of the other backends that may
     /// hold their connection, for the backends' `lb decap --second-chance`.
     pub second_chance: bool,
-    /// `agent:`: each backend is asked for its load, which scales its weight (src/load/).
+    /// `agent:`: each backend is asked for its load, which scales its weight (crates/core/src/load/).
     pub agent: Option<AgentCheck>,
     /// `slow_start:`: a backend that joins or comes back ramps up to its weight.
     pub slow_start: Option<SlowStart>,
     /// `quic_lb:` (UDP): QUIC packets go to the backend whose server ID their connection ID
-    /// carries (src/quic_lb/, src/bpf/quic.h, docs/quic-lb.md).
+    /// carries (crates/core/src/quic_lb/, crates/dataplane/src/bpf/quic.h, docs/quic-lb.md).
     pub quic_lb: Option<QuicLb>,
 }
 
@@ -527,7 +527,9 @@ mod tests {
         assert_eq!(pool.previous_of(&pool.services[0]).map(|s| s.name.as_str()), Some("web"));
         // A FIFO (or any file that is not a regular one) is refused, not read: it would block.
         std::fs::remove_file(dir.join("pool.prev.yaml")).unwrap();
-        nix::unistd::mkfifo(&dir.join("pool.prev.yaml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // coreutils' mkfifo: the core crate has no nix to make one with.
+        let made = std::process::Command::new("mkfifo").arg(dir.join("pool.prev.yaml")).status().unwrap();
+        assert!(made.success(), "mkfifo failed");
         let e = load(&dir.join("pool.yaml")).expect_err("a FIFO");
         assert!(e.to_string().ends_with("pool.prev.yaml: is not a regular file, expected a YAML file"), "{e}");
         assert_eq!((e.line, e.field.as_str()), (Some(1), "previous"));

@@ -16,7 +16,7 @@ static __always_inline __u32 key_tail(__u16 port_be, __u8 proto, __u8 family)
 }
 
 /* The vip_index entry of a key, from the XOR of its five 32-bit words (in memory order).
- * Mirrored in src/dataplane/mod.rs (vip_index()); the packet fixtures fail if the two disagree,
+ * Mirrored in crates/dataplane/src/lib.rs (vip_index()); the packet fixtures fail if the two disagree,
  * since a service would then never be found. */
 static __always_inline __u32 lb_vip_index(__u32 words_xor)
 {

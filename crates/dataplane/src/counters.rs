@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use anyhow::Result;
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
+use lb_core::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
 
 use super::encode::value_of;
 use super::{types, Dataplane, MapSource};
@@ -87,7 +87,7 @@ impl Dataplane {
 
 impl CounterMaps {
     /// Every counter, for the services and backends of `model` (by backend id).
-    pub fn snapshot(&self, model: &crate::metrics::Model) -> Result<Snapshot> {
+    pub fn snapshot(&self, model: &lb_core::metrics::Model) -> Result<Snapshot> {
         let mut snap = counters_of(&self.stats)?;
         snap.services.reserve(model.services.len());
         for s in &model.services {
@@ -184,13 +184,13 @@ fn drop_counters() -> [(&'static str, types::lb_stat); 13] {
     ]
 }
 
-/// The fragment table's events (src/bpf/frag.h).
+/// The fragment table's events (crates/dataplane/src/bpf/frag.h).
 fn fragment_counters() -> [(&'static str, types::lb_stat); 4] {
     use types::lb_stat as S;
     [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED), ("conflict", S::LB_FRAG_CONFLICT)]
 }
 
-/// QUIC-LB's outcomes (src/bpf/quic.h): routed by connection ID, or the fallback's reason.
+/// QUIC-LB's outcomes (crates/dataplane/src/bpf/quic.h): routed by connection ID, or the fallback's reason.
 fn quic_counters() -> [(&'static str, types::lb_stat); 8] {
     use types::lb_stat as S;
     [

@@ -40,7 +40,7 @@ pub struct ServiceModel {
     pub hash: String,
     pub forward: String,
     pub slots: u32,
-    /// Slots marked unstable now (src/stable.rs): their established flows are looked up.
+    /// Slots marked unstable now (crates/core/src/stable.rs): their established flows are looked up.
     pub unstable_slots: u32,
     pub backends: Vec<BackendModel>,
 }

@@ -1,4 +1,4 @@
-//! The kernel side of stable slots (src/stable.rs): each table slot's unstable bit, written and
+//! The kernel side of stable slots (crates/core/src/stable.rs): each table slot's unstable bit, written and
 //! cleared through the table's memory mapping, and the flow tables' entries with their records,
 //! read through theirs for the sweep. The verdict is the balancer's; this only reads and writes.
 
@@ -104,7 +104,7 @@ impl Dataplane {
 
     /// Marks table entry `i` unstable, whatever owner it holds (one atomic or); nothing while
     /// the words may not carry marks (the program then counts every slot unstable).
-    pub(crate) fn mark_unstable(&self, i: u32) {
+    pub fn mark_unstable(&self, i: u32) {
         if !self.unmarked {
             self.slots.set_bits(i, UNSTABLE);
         }
@@ -127,7 +127,7 @@ impl Dataplane {
 
     /// Once this program has replaced the one that read the words as plain ids: marks the
     /// entries `unstable` in the words, then lets the program trust the words.
-    pub(crate) fn finish_marks(&mut self, unstable: impl Iterator<Item = u32>) -> Result<()> {
+    pub fn finish_marks(&mut self, unstable: impl Iterator<Item = u32>) -> Result<()> {
         if !self.unmarked {
             return Ok(());
         }
@@ -155,7 +155,7 @@ impl Dataplane {
     }
 
     /// Marks entry `i` stable if it still holds `owner`, unstable; whether it did.
-    pub(crate) fn mark_stable(&self, i: u32, owner: u32) -> bool {
+    pub fn mark_stable(&self, i: u32, owner: u32) -> bool {
         self.slots.swap_if(i, owner | UNSTABLE, owner)
     }
 }

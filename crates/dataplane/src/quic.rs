@@ -1,4 +1,4 @@
-//! QUIC-LB's maps (src/bpf/quic.h): each `quic_lb:` service's parameters (quic_configs), its
+//! QUIC-LB's maps (crates/dataplane/src/bpf/quic.h): each `quic_lb:` service's parameters (quic_configs), its
 //! AES context (quic_aes, made in the kernel from the key by the syscall program quic_set_key),
 //! and which backend id has each server ID (quic_servers). Keyed by service key, not route id,
 //! so they are brought to the pool around each change's plan rather than inside it: parameters
@@ -11,8 +11,8 @@ use std::collections::{HashMap, HashSet};
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::config::Pool;
-use crate::plan::{self, LiveService};
+use lb_core::config::Pool;
+use lb_core::plan::{self, LiveService};
 
 use super::encode::{bytes_of, service_key_of, value_of};
 use super::{types, Dataplane};
@@ -24,7 +24,7 @@ impl Dataplane {
     /// still leads to it; then writes the parameters and keys of `pool`'s services. A key the
     /// kernel cannot make an AES context of fails the change here, before anything of it is
     /// written.
-    pub(crate) fn quic_before(&mut self, pool: &Pool, installed: &[LiveService]) -> Result<()> {
+    pub fn quic_before(&mut self, pool: &Pool, installed: &[LiveService]) -> Result<()> {
         let ids: HashSet<(Vec<u8>, u32)> = installed
             .iter()
             .flat_map(|s| {
@@ -58,7 +58,7 @@ impl Dataplane {
     /// the state just applied, gives the pool's backends), and forgetting what the pool no
     /// longer names. Each write is tried whatever the others do; what failed is returned (the
     /// tables are live by now: the caller reports it, and the next change tries again).
-    pub(crate) fn quic_after(&mut self, pool: &Pool, services: &[LiveService]) -> Vec<String> {
+    pub fn quic_after(&mut self, pool: &Pool, services: &[LiveService]) -> Vec<String> {
         let mut failed = Vec::new();
         let mut note = |what: &str, r: Result<()>| {
             if let Err(e) = r {

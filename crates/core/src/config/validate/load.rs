@@ -1,5 +1,5 @@
 //! `agent:` and `slow_start:`: the keys that let lb scale a service's weights at run time
-//! (src/load/, docs/load.md).
+//! (crates/core/src/load/, docs/load.md).
 
 use super::{FieldPath, Fields, Validator};
 use crate::config::yaml::Node;

@@ -172,7 +172,7 @@ static __always_inline int later_fragment(struct pkt *p, const struct lb_frag_ke
 }
 
 /* IPv4: any header length (options skipped), the whole datagram present, TCP or UDP.
- * The flow hash input is documented in docs/data-plane.md ("Flow hash") and src/flowhash.rs. */
+ * The flow hash input is documented in docs/data-plane.md ("Flow hash") and crates/core/src/flowhash.rs. */
 static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 {
 	struct iphdr *iph = take(c, sizeof(*iph));

@@ -2,7 +2,7 @@
 //! connection-ID format in which servers carry their server ID, so that a balancer can route a
 //! QUIC connection by it through NAT rebinding and migration (docs/quic-lb.md). Kernel-free:
 //! - `codec`: encoding and decoding IDs (plain, single-pass AES-128, four-pass Feistel), what
-//!   the data plane's decoder (src/bpf/quic.h) is checked against;
+//!   the data plane's decoder (crates/dataplane/src/bpf/quic.h) is checked against;
 //! - `ids`: server IDs as pool files write them, and derived from a backend's identity;
 //! - `server`: what one server needs to issue routable IDs ([`ServerParams`]), as the text
 //!   `lb quic-lb` prints and servers read;
