@@ -5,7 +5,7 @@
 //! comparison of two pools ([`diff`]), the reload planner ([`plan`]), the flow hash
 //! ([`flowhash`]), the rule that makes a changed slot stable again ([`stable`]), health's
 //! rise and fall ([`health`]), load-aware weights ([`load`]), QUIC-LB's connection IDs
-//! ([`quic_lb`]), counters ([`stats`]), the metrics model ([`metrics`]) and the text and JSON
+//! ([`quic_lb`]), the data plane's counters by name ([`counters`]) and their snapshots ([`stats`]), the metrics model ([`metrics`]) and the text and JSON
 //! that the commands print ([`report`]). None of it needs root, a kernel, libbpf or clang, so
 //! every rule of the design can be tested anywhere, and the crate has no way to reach the data
 //! plane: it depends on neither `lb-dataplane` nor libbpf.
@@ -32,6 +32,7 @@
 //! `tools/quic-echo` is such a server, built on this crate alone.
 
 pub mod config;
+pub mod counters;
 pub mod diff;
 pub mod flowhash;
 pub mod health;

@@ -10,6 +10,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+use crate::counters::{self, Group};
 use crate::health::ProbeRecord;
 use crate::stats::Snapshot;
 
@@ -79,23 +80,6 @@ impl ServiceModel {
     }
 }
 
-/// The drop reasons and their help, for the metric's documentation.
-pub const DROP_REASONS: [(&str, &str); 13] = [
-    ("malformed", "a header cut short or inconsistent"),
-    ("no_backend", "the slot is empty"),
-    ("no_mac", "the backend's (or next hop's) MAC is not resolved"),
-    ("fragment", "a non-first fragment that cannot be routed"),
-    ("no_table", "a route outside the table array"),
-    ("too_big", "too long once encapsulated: answered with ICMP"),
-    ("oversize", "too long once encapsulated, fragmentation allowed"),
-    ("encap", "the frame could not be encapsulated"),
-    ("too_big_limited", "too long once encapsulated, past the too-big answers' rate limit"),
-    ("too_big_below_min", "too long once encapsulated, and the MTU left is below the protocol's minimum"),
-    ("not_unicast", "a broadcast or multicast frame for a service"),
-    ("vlan", "a frame for a service tagged with a VLAN other than 0"),
-    ("ext_header", "IPv6 for a VIP behind extension headers lb does not follow"),
-];
-
 fn family<M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -155,7 +139,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     let gauges = |rows: Vec<(Vec<(&'static str, String)>, u64)>| rows.into_iter().map(|(l, v)| (l, ConstGauge::new(v as i64)));
     family(encoder, "lb_forwarded_packets", "Packets forwarded to each backend", MetricType::Counter, counters(per_backend(&|s, b| traffic(s, b).packets)))?;
     family(encoder, "lb_forwarded_bytes", "Bytes forwarded to each backend (frames as received)", MetricType::Counter, counters(per_backend(&|s, b| traffic(s, b).bytes)))?;
-    let drops = DROP_REASONS.iter().map(|(r, _)| (vec![("reason", r.to_string())], ConstCounter::new(snap.drops.iter().find(|d| d.0 == *r).map_or(0, |d| d.1))));
+    let drops = counters::of(Group::Drop).map(|c| (vec![("reason", c.name.to_string())], ConstCounter::new(snap.drops.iter().find(|d| d.0 == c.name).map_or(0, |d| d.1))));
     family(encoder, "lb_dropped_packets", "Packets for a service that were not forwarded, by reason (docs/data-plane.md)", MetricType::Counter, drops)?;
     family(encoder, "lb_passed_packets", "Packets not for a service, handed to the kernel unchanged", MetricType::Counter, [(Vec::new(), ConstCounter::new(snap.passed))])?;
     family(
@@ -344,9 +328,9 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
         h.push_str("</table></div></section>");
     }
     h.push_str("<section><h2>drops</h2><table class=\"drops\">");
-    for (r, help) in DROP_REASONS {
-        let n = snap.drops.iter().find(|d| d.0 == r).map_or(0, |d| d.1);
-        h.push_str(&format!("<tr><td>{r}</td><td>{n}</td><td>{}</td></tr>", e(help)));
+    for c in counters::of(Group::Drop) {
+        let n = snap.drops.iter().find(|d| d.0 == c.name).map_or(0, |d| d.1);
+        h.push_str(&format!("<tr><td>{}</td><td>{n}</td><td>{}</td></tr>", c.name, e(c.help)));
     }
     h.push_str("</table></section></body></html>\n");
     h

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use anyhow::Result;
 use libbpf_rs::{MapCore, MapFlags};
 
+use lb_core::counters::{self, Group};
 use lb_core::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
 
 use super::encode::value_of;
@@ -135,89 +136,50 @@ pub fn flow_entries(src: &dyn MapSource) -> Result<u64> {
 }
 
 /// The counters of the stats map: passed, ICMP forwarded, drops and connection tracking, with
-/// no services and nothing forwarded yet.
+/// no services and nothing forwarded yet. Which entry is which is lb_core::counters' table.
 fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
-    use types::lb_stat as S;
+    let of = |g: Group| Vec::with_capacity(counters::of(g).count());
     let mut snap = Snapshot {
         forwarded: 0,
-        passed: percpu_sum(stats, S::LB_STAT_PASSED.0)?,
-        drops: Vec::with_capacity(13),
-        conntrack: Vec::with_capacity(7),
-        icmp_forwarded: percpu_sum(stats, S::LB_ICMP_FORWARDED.0)?,
-        other_host: percpu_sum(stats, S::LB_STAT_OTHER_HOST.0)?,
-        fragments: Vec::with_capacity(3),
-        quic: Vec::with_capacity(8),
+        passed: 0,
+        drops: of(Group::Drop),
+        conntrack: of(Group::Conntrack),
+        icmp_forwarded: 0,
+        other_host: 0,
+        fragments: of(Group::Fragment),
+        quic: of(Group::Quic),
         services: Vec::new(),
     };
-    for (name, stat) in drop_counters() {
-        snap.drops.push((name, percpu_sum(stats, stat.0)?));
-    }
-    for (name, stat) in ct_counters() {
-        snap.conntrack.push((name, percpu_sum(stats, stat.0)?));
-    }
-    for (name, stat) in fragment_counters() {
-        snap.fragments.push((name, percpu_sum(stats, stat.0)?));
-    }
-    for (name, stat) in quic_counters() {
-        snap.quic.push((name, percpu_sum(stats, stat.0)?));
+    for c in &counters::COUNTERS {
+        let n = percpu_sum(stats, c.index)?;
+        match c.group {
+            Group::Passed => snap.passed = n,
+            Group::IcmpForwarded => snap.icmp_forwarded = n,
+            Group::OtherHost => snap.other_host = n,
+            Group::Drop => snap.drops.push((c.name, n)),
+            Group::Conntrack => snap.conntrack.push((c.name, n)),
+            Group::Fragment => snap.fragments.push((c.name, n)),
+            Group::Quic => snap.quic.push((c.name, n)),
+        }
     }
     Ok(snap)
 }
 
-/// Counter names and their enum lb_stat values, in the data plane's order.
-fn drop_counters() -> [(&'static str, types::lb_stat); 13] {
-    use types::lb_stat as S;
-    [
-        ("malformed", S::LB_DROP_MALFORMED),
-        ("no_backend", S::LB_DROP_NO_BACKEND),
-        ("no_mac", S::LB_DROP_NO_MAC),
-        ("fragment", S::LB_DROP_FRAGMENT),
-        ("no_table", S::LB_DROP_NO_TABLE),
-        ("too_big", S::LB_STAT_TOO_BIG),
-        ("oversize", S::LB_DROP_OVERSIZE),
-        ("encap", S::LB_DROP_ENCAP),
-        ("too_big_limited", S::LB_DROP_TOO_BIG_LIMITED),
-        ("too_big_below_min", S::LB_DROP_TOO_BIG_BELOW_MIN),
-        ("not_unicast", S::LB_DROP_NOT_UNICAST),
-        ("vlan", S::LB_DROP_VLAN),
-        ("ext_header", S::LB_DROP_EXT_HEADER),
-    ]
-}
-
-/// The fragment table's events (crates/dataplane/src/bpf/frag.h).
-fn fragment_counters() -> [(&'static str, types::lb_stat); 4] {
-    use types::lb_stat as S;
-    [("recorded", S::LB_FRAG_RECORDED), ("followed", S::LB_FRAG_FOLLOWED), ("unmatched", S::LB_FRAG_UNMATCHED), ("conflict", S::LB_FRAG_CONFLICT)]
-}
-
-/// QUIC-LB's outcomes (crates/dataplane/src/bpf/quic.h): routed by connection ID, or the fallback's reason.
-fn quic_counters() -> [(&'static str, types::lb_stat); 8] {
-    use types::lb_stat as S;
-    [
-        ("routed", S::LB_QUIC_ROUTED),
-        ("client_id", S::LB_QUIC_CLIENT_ID),
-        ("unroutable", S::LB_QUIC_UNROUTABLE),
-        ("other_config", S::LB_QUIC_OTHER_CONFIG),
-        ("short", S::LB_QUIC_SHORT),
-        ("unknown_server", S::LB_QUIC_UNKNOWN_SERVER),
-        ("unusable", S::LB_QUIC_UNUSABLE),
-        ("no_key", S::LB_QUIC_NO_KEY),
-    ]
-}
-
-fn ct_counters() -> [(&'static str, types::lb_stat); 9] {
-    use types::lb_stat as S;
-    [
-        ("hit", S::LB_CT_HIT),
-        ("miss", S::LB_CT_MISS),
-        ("new", S::LB_CT_NEW),
-        ("stale", S::LB_CT_STALE),
-        ("pending", S::LB_CT_PENDING),
-        ("evicted", S::LB_CT_EVICTED),
-        ("no_room", S::LB_CT_NO_ROOM),
-        ("adopted", S::LB_CT_ADOPTED),
-        ("stable", S::LB_CT_STABLE),
-    ]
+/// `enum lb_stat` as the compiled program's BTF has it: each member's name and value, in order.
+/// Opens the program's object without loading it (no root).
+pub fn stat_members() -> Result<Vec<(String, u32)>> {
+    use libbpf_rs::btf::{types, Btf};
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    use libbpf_rs::AsRawLibbpf;
+    let mut storage = std::mem::MaybeUninit::uninit();
+    let open = super::skel::LbSkelBuilder::default().open(&mut storage)?;
+    // SAFETY: the open object lives as long as `open`, which outlives this borrow.
+    let obj = unsafe { open.open_object().as_libbpf_object().as_ref() };
+    let btf = Btf::from_bpf_object(obj)?.ok_or_else(|| anyhow::anyhow!("the program has no BTF"))?;
+    let e: types::Enum<'_> = btf.type_by_name("lb_stat").ok_or_else(|| anyhow::anyhow!("no enum lb_stat in the program's BTF"))?;
+    Ok(e.iter()
+        .map(|m| (m.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), m.value as u32))
+        .collect())
 }
 
 /// Slots of a flow table (lb.h, struct lb_flow) that hold a flow: an odd tag (0 is free,
@@ -246,4 +208,20 @@ fn traffic_of(map: &dyn MapCore, id: u32) -> Result<Traffic> {
         t.bytes += cpu.bytes;
     }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_core::counters::COUNTERS;
+
+    /// The counter table names every member of the compiled program's `enum lb_stat`, at its
+    /// value, and nothing else: a counter added to lb.h without a row (or a row left behind, or
+    /// a member moved) fails here rather than exporting a silent 0.
+    #[test]
+    fn the_counter_table_is_the_programs_enum() {
+        let members = super::stat_members().expect("the program's BTF");
+        let counted: Vec<(String, u32)> = members.into_iter().filter(|(n, _)| n != "LB_STAT_MAX").collect();
+        let table: Vec<(String, u32)> = COUNTERS.iter().map(|c| (c.member.to_string(), c.index)).collect();
+        assert_eq!(table, counted);
+    }
 }
