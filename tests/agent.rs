@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// What `lb agent` answers for an override file it refuses (src/agent/mod.rs).
+/// What `lb agent` answers for an override file it refuses (src/commands/agent/mod.rs).
 const REFUSED: &str = "override-file-refused";
 
 /// A running `lb agent` (and the process it watches), both ended when dropped.

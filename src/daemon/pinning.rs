@@ -6,7 +6,7 @@
 //! The pins live in `PIN_DIR/net<inode>/<ifname>` (crates/dataplane/src/pin.rs). A controller holds an
 //! exclusive lock on that directory while it runs, so two never control one interface; the
 //! kernel drops the lock with the process, however it ends. `lb status` and `lb detach`, which
-//! any process runs, are in src/pinned.rs.
+//! any process runs, are in src/commands/pinned.rs.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

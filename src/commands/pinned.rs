@@ -1,28 +1,21 @@
-//! The commands that work on a pinned data plane (`lb attach --pin`) from any process, with or
-//! without its controller running: `lb status` and `lb detach`.
+//! Finding a pinned data plane (`lb attach --pin`) from any process, with or without its
+//! controller running, for `lb status` and `lb detach`.
 //!
 //! The pins live in `PIN_DIR/net<inode>/<ifname>` (crates/dataplane/src/pin.rs). A controller holds an
 //! exclusive lock on that directory while it runs (src/daemon/pinning.rs), so two never control
-//! one interface; the kernel drops the lock with the process, however it ends. These commands
-//! are not part of `lb attach`, so they live beside it rather than in src/daemon/; the daemon
-//! borrows only [`since_text`] from here.
+//! one interface; the kernel drops the lock with the process, however it ends. Those commands
+//! are not part of `lb attach`, so they live beside it rather than in src/daemon/.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
-use lb::dataplane::{pin, PinnedMaps};
-
-use crate::log::since_text;
-use crate::plane::layout_hash;
-use crate::xdp::check_privileges;
+use lb::dataplane::pin;
 
 /// Whether the running kernel keeps the protocol mark (IFA_PROTO) lb puts on the addresses it
 /// adds: Linux 6.1 and later. Unknown counts as yes: a mark then missing means the address is
 /// not lb's, and it stays.
-fn kernel_keeps_address_marks() -> bool {
+pub(super) fn kernel_keeps_address_marks() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or(true, |r| release_keeps_marks(&r))
 }
 
@@ -44,7 +37,7 @@ pub const UNIT_PIN_DIR: &str = "/sys/fs/bpf/lb-unit";
 /// none at the default. (The unit pinned at the default before it had a directory of its own:
 /// a root shell's `lb status eth0` found its plane, and still does.) `None`: no plane for IFACE
 /// in either, said on stderr.
-fn find_plane(given: Option<&Path>, iface: &str) -> Result<Option<PathBuf>> {
+pub(super) fn find_plane(given: Option<&Path>, iface: &str) -> Result<Option<PathBuf>> {
     let roots: Vec<&Path> = match given {
         Some(root) => vec![root],
         None => vec![Path::new(pin::DEFAULT_PIN_DIR), Path::new(UNIT_PIN_DIR)],
@@ -58,68 +51,6 @@ fn find_plane(given: Option<&Path>, iface: &str) -> Result<Option<PathBuf>> {
     let searched: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
     eprintln!("lb: error: no pinned lb data plane for {iface} in {}", searched.join(" or "));
     Ok(None)
-}
-
-/// `lb detach IFACE`: removes a pinned data plane (link, program, pins).
-pub fn detach(iface: &str, given: Option<&Path>) -> Result<ExitCode> {
-    check_privileges()?;
-    let Some(dir) = find_plane(given, iface)? else {
-        return Ok(ExitCode::FAILURE);
-    };
-    let Some(_lock) = pin::lock_patiently(&dir, pin::LOCK_PATIENCE)? else {
-        let pid = PinnedMaps::open(&dir).ok().and_then(|m| m.meta().ok().flatten()).map_or(0, |m| m.controller_pid);
-        bail!("lb (pid {pid}) controls {iface}'s data plane; stop it (it leaves the data plane pinned), then detach");
-    };
-    let link = pin::open_pinned(&dir.join(pin::LINK))?;
-    let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
-    // The VIPs go before the program: left local with nothing in front, they would be answered
-    // with resets.
-    // Only the addresses lb marked as its own (IFA_PROTO, as it added them): an address the
-    // operator holds on that device is theirs, even when it equals a VIP. A kernel before 6.1
-    // keeps no marks: there every VIP is taken for lb's, as it always was.
-    let (mut withdrawn, mut left) = (Vec::new(), Vec::new());
-    if let Ok(maps) = PinnedMaps::open(&dir) {
-        if let (Some(dev), Ok(st)) = (maps.announce_ifindex()?, lb::balancer::status(&maps)) {
-            let mut nl = lb::dataplane::netlink::Socket::open()?;
-            let marks = kernel_keeps_address_marks();
-            let marked = if marks { nl.addrs_marked(dev, lb::dataplane::netlink::ADDR_PROTO_LB)? } else { Vec::new() };
-            let vips: std::collections::BTreeSet<std::net::IpAddr> = st.services.iter().map(|s| s.vip).collect();
-            for v in vips {
-                if !marks || marked.contains(&v) {
-                    nl.addr_del(dev, v)?;
-                    withdrawn.push(v.to_string());
-                } else {
-                    left.push(v.to_string());
-                }
-            }
-        }
-    }
-    // What it announced is withdrawn: the next lb on this interface has no leftovers.
-    let _ = std::fs::remove_file(crate::daemon::announce_state_path(iface));
-    if ifindex != 0 {
-        pin::link_detach(&link)?;
-    }
-    drop(link);
-    let removed = pin::remove_all(&dir)?;
-    let mut out = std::io::stdout().lock();
-    if !withdrawn.is_empty() {
-        writeln!(out, "withdrew the VIPs {}", withdrawn.join(" "))?;
-    }
-    if !left.is_empty() {
-        writeln!(
-            out,
-            "left the VIPs {}: not marked as lb's on the announce device (added by someone else, or by a kernel before 6.1, which keeps no marks)",
-            left.join(" ")
-        )?;
-    }
-    writeln!(
-        out,
-        "detached XDP program {prog_id} (link {link_id}) from {iface}; removed {} pins from {}: {}",
-        removed.len(),
-        dir.display(),
-        removed.join(" ")
-    )?;
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `iface`'s plane directory under `root`, refused when it, its namespace directory or any pin
@@ -148,7 +79,7 @@ fn plane_dir(root: &Path, iface: &str) -> Result<PathBuf> {
 /// controller starting in that instant does not fail for it: it tries its lock again for
 /// [`pin::LOCK_PATIENCE`]. Where neither works, it falls back to whether the process the meta
 /// names as the last controller is alive (wrong only if its pid was reused).
-fn controller_holds(dir: &Path, pid: u32) -> bool {
+pub(super) fn controller_holds(dir: &Path, pid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
     if let (Ok(md), Ok(locks)) = (std::fs::metadata(dir), std::fs::read_to_string("/proc/locks")) {
         let id = format!("{:02x}:{:02x}:{}", nix::sys::stat::major(md.dev()), nix::sys::stat::minor(md.dev()), md.ino());
@@ -171,50 +102,6 @@ fn flock_held(locks: &str, id: &str) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&id)
     })
-}
-
-/// `lb status IFACE`: what the pinned data plane holds and counts, from any process.
-pub fn status(iface: &str, given: Option<&Path>, json: bool) -> Result<ExitCode> {
-    check_privileges()?;
-    let Some(dir) = find_plane(given, iface)? else {
-        return Ok(ExitCode::FAILURE);
-    };
-    let link = pin::open_pinned(&dir.join(pin::LINK))?;
-    let (link_id, prog_id, ifindex) = pin::link_info(&link)?;
-    let maps = PinnedMaps::open(&dir)?;
-    let meta = maps.meta()?.context("the pinned lb_meta has a format this version does not know")?;
-    let running = controller_holds(&dir, meta.controller_pid);
-    let st = lb::balancer::status(&maps)?;
-    let mut out = std::io::stdout().lock();
-    if json {
-        let v = serde_json::json!({
-            "interface": iface,
-            "ifindex": ifindex,
-            "pin_dir": dir.display().to_string(),
-            "program_id": prog_id,
-            "link_id": link_id,
-            "attached_ms": meta.attached_ms,
-            "layout_matches": meta.layout == layout_hash(),
-            "controller": if running { serde_json::json!({"pid": meta.controller_pid, "since_ms": meta.controller_since}) } else { serde_json::Value::Null },
-            "status": st.json(),
-        });
-        serde_json::to_writer(&mut out, &v)?;
-        writeln!(out)?;
-    } else {
-        writeln!(
-            out,
-            "{iface} (ifindex {ifindex}): XDP program {prog_id}, link {link_id}, pinned at {}, attached {}",
-            dir.display(),
-            since_text(meta.attached_ms)
-        )?;
-        if running {
-            writeln!(out, "controller: lb pid {}, since {}", meta.controller_pid, since_text(meta.controller_since))?;
-        } else {
-            writeln!(out, "controller: none (forwarding with the tables it has; health checks and reloads wait for one)")?;
-        }
-        write!(out, "{}", st.text())?;
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ struct Resolver {
 
 /// `lb decap`'s flags.
 #[derive(clap::Args)]
-pub struct DecapArgs {
+pub struct Args {
     /// The interface encapsulated packets arrive on.
     #[arg(value_name = "IFACE")]
     iface: String,
@@ -72,7 +72,7 @@ pub struct DecapArgs {
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     xdp_mode: ModeArg,
     /// Print the counters every SECS seconds.
-    #[arg(long, value_name = "SECS", value_parser = crate::settings::seconds)]
+    #[arg(long, value_name = "SECS", value_parser = super::values::seconds)]
     stats_interval: Option<Duration>,
     /// Give connections a second chance: a GUE packet with a hop list (a service with
     /// `second_chance: on`) that is not a SYN and finds no connection or SYN cookie of this
@@ -242,7 +242,7 @@ fn broad_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
 }
 
 /// The allow-list `a` asks for, or the error that names the flags when it asks for none.
-fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
+fn allowed(a: &Args) -> Result<Vec<(IpAddr, u8)>> {
     if let (true, Some(family)) = (a.second_chance, broad_family(&a.allow_from)) {
         bail!(
             "--second-chance sends packets on only to hosts of the allow-list, and the --allow-from prefixes together \
@@ -268,7 +268,7 @@ fn allowed(a: &DecapArgs) -> Result<Vec<(IpAddr, u8)>> {
     Ok(a.allow_from.clone())
 }
 
-pub fn run(a: DecapArgs) -> Result<ExitCode> {
+pub fn run(a: Args) -> Result<ExitCode> {
     // The flags first: a bad command line attaches nothing and touches no kernel object.
     let allow = allowed(&a)?;
     let any = a.allow_any;
@@ -277,7 +277,7 @@ pub fn run(a: DecapArgs) -> Result<ExitCode> {
     } else {
         allow.iter().map(|(addr, len)| format!("{addr}/{len}")).collect::<Vec<_>>().join(", ")
     };
-    let DecapArgs { iface, gue_port, xdp_mode: mode, stats_interval, second_chance, .. } = a;
+    let Args { iface, gue_port, xdp_mode: mode, stats_interval, second_chance, .. } = a;
     check_privileges()?;
     let ifc = link::interface(&iface)?;
     if let Some(a) = link::attached(ifc.ifindex).with_context(|| format!("querying {}'s XDP program", ifc.name))? {
@@ -406,10 +406,10 @@ mod tests {
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
-        args: DecapArgs,
+        args: Args,
     }
 
-    fn args(extra: &[&str]) -> Result<DecapArgs, clap::Error> {
+    fn args(extra: &[&str]) -> Result<Args, clap::Error> {
         let mut argv = vec!["lb", "eth9"];
         argv.extend_from_slice(extra);
         Cli::try_parse_from(argv).map(|c| c.args)

@@ -32,11 +32,11 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::log::log;
-use crate::settings::seconds;
+use super::values::seconds;
 
 /// `lb agent`'s flags.
 #[derive(clap::Args)]
-pub struct AgentArgs {
+pub struct Args {
     /// The process whose load is reported (its CPU clock: all its threads' CPU time).
     #[arg(long, value_name = "PID")]
     pid: u32,
@@ -183,7 +183,7 @@ fn override_line(file: Option<&PathBuf>, refused: &mut Option<String>) -> Option
     }
 }
 
-pub fn run(args: AgentArgs) -> Result<ExitCode> {
+pub fn run(args: Args) -> Result<ExitCode> {
     let meter = Meter::new(args.pid)?;
     let first = meter.read().map_err(|e| match e {
         Failed::Gone => anyhow::anyhow!("process {} is gone", args.pid),

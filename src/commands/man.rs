@@ -1,17 +1,35 @@
-//! `lb man` and `lb completions`: the man pages and shell completions, made from the clap
-//! definitions in main.rs by clap_mangen and clap_complete, so that they say what the binary
-//! does. The Debian package ships them (scripts/package.sh); nothing here is written by hand.
+//! `lb man DIR`: the man pages, made from the clap definitions (main.rs and each command's
+//! `Args`) by clap_mangen, so that they say what the binary does. The Debian package ships them
+//! (scripts/package.sh); nothing here is written by hand. `lb completions` is its sibling.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Command;
 
+#[derive(clap::Args)]
+pub struct Args {
+    /// The directory to write them into (created if missing).
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+}
+
+/// `lb man DIR`: writes the pages of `cli` (the whole command line) and prints their paths.
+pub fn run(args: Args, cli: Command) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    for page in man_pages(cli, &args.dir)? {
+        writeln!(out, "{}", page.display())?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Writes one page per command into `dir`: lb.1, and lb-attach.1 and friends (the names `man`
 /// looks for, `man lb-attach`). Returns the files written, in command order. The pages carry no
 /// date, so the same source gives the same pages.
-pub(crate) fn man_pages(cmd: Command, dir: &Path) -> Result<Vec<PathBuf>> {
+fn man_pages(cmd: Command, dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut cmd = cmd.disable_help_subcommand(true);
     cmd.build();
@@ -59,12 +77,4 @@ fn see_also(text: &mut Vec<u8>, this: &str, names: &[String]) -> Result<()> {
         "The full documentation (configuration, operating, monitoring, restarts, encapsulation, fleets) is in /usr/share/doc/lb/ when lb is installed from its package, and under docs/ in its source."
     )?;
     Ok(())
-}
-
-/// Writes the completion script for `shell` to `out`. Made in memory first: clap_complete
-/// panics on a failed write, and a closed pipe (`lb completions bash | head`) is not a panic.
-pub(crate) fn completions(mut cmd: Command, shell: clap_complete::Shell, out: &mut dyn Write) -> std::io::Result<()> {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut cmd, "lb", &mut script);
-    out.write_all(&script)
 }

@@ -1,0 +1,194 @@
+//! `lb attach`: its flags, and the one validated [`Settings`] value they become before the daemon
+//! (src/daemon/) serves it.
+//!
+//! clap parses the flags into [`Args`]; [`settings`] checks what clap cannot
+//! (one `--encap-source` per family, the pool's tables against `--table-capacity`) and loads the
+//! pool, all before the first syscall that touches the network or BPF. Nothing after it reads a
+//! raw flag.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+
+use lb::config::{self, Pool};
+
+use super::values::{address_prefix, on_off, seconds};
+use crate::daemon;
+use crate::plane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_CAPACITY};
+use crate::settings::Settings;
+use crate::xdp::ModeArg;
+
+// No doc comment here: on a flattened struct it would replace the subcommand's own about text.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The interface clients' traffic arrives on. Backends on its link are reached by MAC
+    /// (forward: l2); others through a router, encapsulated (forward: ipip | gue).
+    #[arg(value_name = "IFACE")]
+    iface: String,
+    /// The pool YAML file: services and their backends (docs/configuration.md). Re-read when
+    /// it changes, on SIGHUP, and every --recheck-interval.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: PathBuf,
+    /// Where the program runs: native (driver), generic (any interface, slower), or auto
+    /// (native, falling back to generic with a warning).
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    xdp_mode: ModeArg,
+    /// Print per-service and per-backend counters and drop reasons every SECS seconds.
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    stats_interval: Option<Duration>,
+    /// Size of the data plane's destination-table array, in slots (4 bytes each): the sum of
+    /// every service's `slots`, with room for tables being replaced.
+    #[arg(long, value_name = "SLOTS", default_value_t = DEFAULT_TABLE_CAPACITY,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 28))]
+    table_capacity: u32,
+    /// Slots of the connection-tracking flow table, rounded up to a power of two (16 bytes
+    /// each; when both buckets a new flow may use are full, the flow seen longest ago there
+    /// is forgotten).
+    #[arg(long, value_name = "FLOWS", default_value_t = DEFAULT_CONNTRACK_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 26))]
+    conntrack_size: u32,
+    /// A tracked TCP flow idle this long is forgotten.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "3600")]
+    conntrack_tcp_timeout: Duration,
+    /// A tracked UDP flow idle this long is forgotten.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "30")]
+    conntrack_udp_timeout: Duration,
+    /// on: a flow gets its flow-table entry at its second packet (a TCP flow's first after
+    /// the SYN); its first waits in a separate half-open table, so a flood of spoofed SYNs
+    /// (or first UDP datagrams) can never evict established flows. off: at its first
+    /// packet, evicting the flow seen longest ago when the table is full.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    conntrack_guard: bool,
+    /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
+    resolve_timeout: Duration,
+    /// Reload this long after the config file stops changing (bursts of writes become one
+    /// reload).
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "0.05")]
+    reload_delay: Duration,
+    /// Re-read the config file this often even when no change was signalled.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+    recheck_interval: Duration,
+    /// Outer source address of encapsulated (ipip, gue) packets, once per family. With a
+    /// prefix length (10.1.0.0/24), the host bits vary with the flow hash, so that backends'
+    /// receive-side scaling spreads IPIP flows. Default: the interface's first address of the
+    /// family that is not a VIP, fixed.
+    #[arg(long, value_name = "ADDR[/LEN]", value_parser = address_prefix)]
+    encap_source: Vec<(IpAddr, u8)>,
+    /// Pin the XDP link and every map under --pin-dir, so the data plane keeps forwarding
+    /// after this process exits; a later `lb attach --pin` adopts it (or upgrades it).
+    #[arg(long)]
+    pin: bool,
+    /// The bpffs directory for pins (mounted if it is an empty directory of another
+    /// filesystem); one subdirectory per network namespace and interface.
+    #[arg(long, value_name = "DIR", default_value = lb::dataplane::pin::DEFAULT_PIN_DIR)]
+    pin_dir: PathBuf,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics and a status page at / (a
+    /// loopback address is recommended: there is no authentication).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// Keep every VIP as a host address on DEV (created as a dummy device if missing and
+    /// the kernel has them), for a routing daemon to announce by BGP; withdrawn before the
+    /// program goes.
+    #[arg(long, value_name = "DEV")]
+    announce: Option<String>,
+}
+
+/// `lb attach`: the flags become one validated [`Settings`] value, and the daemon serves it.
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (settings, pool, content) = settings(args)?;
+    daemon::run(settings, pool, &content)
+}
+
+/// The flags checked against each other and against the pool they name, which is loaded and
+/// validated here whole; returns the settings, the pool and the file's bytes.
+fn settings(a: Args) -> Result<(Settings, Pool, Vec<u8>)> {
+    let v4 = a.encap_source.iter().filter(|s| s.0.is_ipv4()).count();
+    if v4 > 1 || a.encap_source.len() - v4 > 1 {
+        bail!("--encap-source: give at most one address per family");
+    }
+    // The whole pool is validated before the first syscall.
+    let (pool, content) = config::load_bytes(&a.config).map_err(anyhow::Error::new)?;
+    let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
+    if needed > a.table_capacity as u64 {
+        bail!(
+            "{}: the services' tables need {needed} slots in all, more than --table-capacity {}",
+            a.config.display(),
+            a.table_capacity
+        );
+    }
+    let settings = Settings {
+        iface: a.iface,
+        config: a.config,
+        mode: a.xdp_mode,
+        stats_interval: a.stats_interval,
+        table_capacity: a.table_capacity,
+        conntrack_size: a.conntrack_size,
+        conntrack_timeouts: (a.conntrack_tcp_timeout, a.conntrack_udp_timeout),
+        conntrack_guard: a.conntrack_guard,
+        resolve_timeout: a.resolve_timeout,
+        reload_delay: a.reload_delay,
+        recheck_interval: a.recheck_interval,
+        encap_sources: a.encap_source,
+        pin: a.pin.then_some(a.pin_dir),
+        metrics: a.metrics,
+        announce: a.announce,
+    };
+    Ok((settings, pool, content))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn pool() -> String {
+        format!("{}/configs/pool.yaml", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn settings(extra: &[&str]) -> Result<(Settings, Pool, Vec<u8>)> {
+        let pool = pool();
+        let mut argv = vec!["lb", "eth9", "--config", pool.as_str()];
+        argv.extend_from_slice(extra);
+        super::settings(Cli::try_parse_from(argv)?.args)
+    }
+
+    #[test]
+    fn the_flags_become_one_value_with_the_pool_loaded() {
+        let (s, pool, content) = settings(&["--conntrack-tcp-timeout", "60", "--pin-dir", "/tmp/x"]).expect("valid");
+        assert_eq!(s.iface, "eth9");
+        assert_eq!(s.mode, ModeArg::Auto);
+        assert_eq!(s.table_capacity, DEFAULT_TABLE_CAPACITY);
+        assert_eq!(s.conntrack_timeouts, (Duration::from_secs(60), Duration::from_secs(30)));
+        assert!(s.conntrack_guard);
+        assert_eq!(s.reload_delay, Duration::from_millis(50));
+        assert_eq!(s.pin, None, "--pin-dir alone pins nothing");
+        assert_eq!(pool.services.len(), 2);
+        assert_eq!(content, std::fs::read(self::pool()).expect("read"));
+        let (s, _, _) = settings(&["--pin", "--pin-dir", "/tmp/x", "--conntrack-guard", "off"]).expect("valid");
+        assert_eq!(s.pin, Some(PathBuf::from("/tmp/x")));
+        assert!(!s.conntrack_guard);
+    }
+
+    #[test]
+    fn one_encap_source_per_family_and_tables_that_fit() {
+        let (s, _, _) = settings(&["--encap-source", "10.1.0.0/24", "--encap-source", "fd00::1"]).expect("one per family");
+        assert_eq!(s.encap_sources, vec![("10.1.0.0".parse().expect("v4"), 24), ("fd00::1".parse().expect("v6"), 128)]);
+        for two in [["10.0.0.1", "10.0.0.2"], ["fd00::1", "fd00::2"]] {
+            let e = settings(&["--encap-source", two[0], "--encap-source", two[1]]).err().expect("two of a family");
+            assert_eq!(e.to_string(), "--encap-source: give at most one address per family");
+        }
+        let e = settings(&["--table-capacity", "100000"]).err().expect("too small");
+        assert!(e.to_string().ends_with("the services' tables need 131074 slots in all, more than --table-capacity 100000"), "{e}");
+    }
+}
