@@ -189,7 +189,7 @@ impl Balancer {
             }
         }
         // The hops the program reads now, so that the next apply writes only what differs.
-        for s in state.services.iter_mut().filter(|s| s.second_chance) {
+        for s in state.services.iter_mut().filter(|s| s.spec.second_chance()) {
             s.hops = (0..s.slots).map(|i| dp.hops_at(s.base + i)).collect();
         }
         self.dp.recall(&live)?;
@@ -327,7 +327,7 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
     let (mut state, _) = plan::State::rebuild(&live, &Pool::default(), &limits_of(sizes), &index_of, &slot_at);
     // The hops the program reads, for the digest: a rebuilt state leaves them unknown.
     let hop_at = maps.hop_reader()?;
-    for s in state.services.iter_mut().filter(|s| s.second_chance) {
+    for s in state.services.iter_mut().filter(|s| s.spec.second_chance()) {
         s.hops = (0..s.slots).map(|i| hop_at(s.base + i)).collect();
     }
     let counters = counters::plane_counters(maps)?;
@@ -353,9 +353,9 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
             vip: s.key.addr,
             digest,
             endpoint: s.endpoint.clone(),
-            hash: s.hash.as_str(),
-            forward: s.forward.as_str(),
-            conntrack: s.conntrack,
+            hash: s.spec.hash.as_str(),
+            forward: s.spec.forward.as_str(),
+            conntrack: s.spec.conntrack(),
             slots: s.slots,
             traffic: Traffic::default(),
             backends: Vec::new(),

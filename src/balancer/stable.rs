@@ -35,7 +35,7 @@ pub(super) struct Marks {
 /// What of a service decides which flows hash where in its range: a change of any moves them
 /// all (a key swapped with another service's keeps the range, and brings other flows).
 fn placement(s: &LiveService) -> (&RouteKey, u32, u32, HashMode) {
-    (&s.key, s.base, s.slots, s.hash)
+    (&s.key, s.base, s.slots, s.spec.hash)
 }
 
 impl Marks {
@@ -47,7 +47,7 @@ impl Marks {
     pub(super) fn after(&mut self, dp: &Dataplane, new: &[LiveService], ops: &[Op]) -> Result<()> {
         self.note_written(ops);
         self.placed_now(dp)?;
-        for s in new.iter().filter(|s| s.second_chance && s.forward == Forward::Gue) {
+        for s in new.iter().filter(|s| s.spec.second_chance() && s.spec.forward == Forward::Gue) {
             self.mark(dp, s, |i| stable::pinned(s.owners[i], s.hops.get(i)));
         }
         // Ranges no service holds any more: a later placement writes them anew.
@@ -182,7 +182,7 @@ impl Marks {
         let mut judged: BTreeMap<u32, Option<u32>> = BTreeMap::new();
         for &i in &self.unstable {
             if let Some((s, k)) = service_at(i) {
-                if s.second_chance && s.forward == Forward::Gue && stable::pinned(s.owners[k], s.hops.get(k)) {
+                if s.spec.second_chance() && s.spec.forward == Forward::Gue && stable::pinned(s.owners[k], s.hops.get(k)) {
                     continue;
                 }
                 judged.insert(i, self.placed.get(&s.base).copied().or(self.before));

@@ -165,23 +165,6 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
     Ok(snap)
 }
 
-/// `enum lb_stat` as the compiled program's BTF has it: each member's name and value, in order.
-/// Opens the program's object without loading it (no root).
-pub fn stat_members() -> Result<Vec<(String, u32)>> {
-    use libbpf_rs::btf::{types, Btf};
-    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-    use libbpf_rs::AsRawLibbpf;
-    let mut storage = std::mem::MaybeUninit::uninit();
-    let open = super::skel::LbSkelBuilder::default().open(&mut storage)?;
-    // SAFETY: the open object lives as long as `open`, which outlives this borrow.
-    let obj = unsafe { open.open_object().as_libbpf_object().as_ref() };
-    let btf = Btf::from_bpf_object(obj)?.ok_or_else(|| anyhow::anyhow!("the program has no BTF"))?;
-    let e: types::Enum<'_> = btf.type_by_name("lb_stat").ok_or_else(|| anyhow::anyhow!("no enum lb_stat in the program's BTF"))?;
-    Ok(e.iter()
-        .map(|m| (m.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), m.value as u32))
-        .collect())
-}
-
 /// Slots of a flow table (lb.h, struct lb_flow) that hold a flow: an odd tag (0 is free,
 /// LB_FLOW_BUSY a slot being written).
 fn count_flows(m: &dyn MapCore) -> Result<u64> {
@@ -219,7 +202,7 @@ mod tests {
     /// a member moved) fails here rather than exporting a silent 0.
     #[test]
     fn the_counter_table_is_the_programs_enum() {
-        let members = super::stat_members().expect("the program's BTF");
+        let members = crate::btf::enum_members("lb_stat").expect("the program's BTF");
         let counted: Vec<(String, u32)> = members.into_iter().filter(|(n, _)| n != "LB_STAT_MAX").collect();
         let table: Vec<(String, u32)> = COUNTERS.iter().map(|c| (c.member.to_string(), c.index)).collect();
         assert_eq!(table, counted);

@@ -57,19 +57,18 @@ pub(super) fn route_value(r: &plan::Route) -> types::lb_service {
         key: service_key(r.key.addr, r.key.port, r.key.proto),
         base: r.base,
         slots: r.slots,
-        hash_mode: match r.hash {
+        hash_mode: match r.spec.hash {
             HashMode::ClientIp => types::lb_hash_mode::LB_HASH_CLIENT_IP.0,
             HashMode::Flow => types::lb_hash_mode::LB_HASH_FLOW.0,
         },
-        flags: if r.conntrack { types::lb_service_flags::LB_SVC_CONNTRACK.0 } else { 0 }
-            | if r.second_chance { types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 } else { 0 }
-            | if r.quic_lb { types::lb_service_flags::LB_SVC_QUIC_LB.0 } else { 0 },
-        forward: match r.forward {
+        // enum lb_service_flags, bit for bit (checked against the program's BTF).
+        flags: r.spec.flags.bits(),
+        forward: match r.spec.forward {
             Forward::L2 => types::lb_forward::LB_FWD_L2.0,
             Forward::Ipip => types::lb_forward::LB_FWD_IPIP.0,
             Forward::Gue => types::lb_forward::LB_FWD_GUE.0,
         },
-        gue_port: r.gue_port.to_be(),
+        gue_port: r.spec.gue_port.to_be(),
         pad: [0; 2],
         table_len: r.table_len,
     }
@@ -81,16 +80,16 @@ pub(super) fn route_of(r: &types::lb_service) -> Option<plan::Route> {
         key: key_of(&r.key)?,
         base: r.base,
         slots: r.slots,
-        hash: if r.hash_mode == types::lb_hash_mode::LB_HASH_FLOW.0 { HashMode::Flow } else { HashMode::ClientIp },
-        conntrack: r.flags & types::lb_service_flags::LB_SVC_CONNTRACK.0 != 0,
-        forward: match r.forward {
-            x if x == types::lb_forward::LB_FWD_IPIP.0 => Forward::Ipip,
-            x if x == types::lb_forward::LB_FWD_GUE.0 => Forward::Gue,
-            _ => Forward::L2,
+        spec: plan::RouteSpec {
+            hash: if r.hash_mode == types::lb_hash_mode::LB_HASH_FLOW.0 { HashMode::Flow } else { HashMode::ClientIp },
+            forward: match r.forward {
+                x if x == types::lb_forward::LB_FWD_IPIP.0 => Forward::Ipip,
+                x if x == types::lb_forward::LB_FWD_GUE.0 => Forward::Gue,
+                _ => Forward::L2,
+            },
+            gue_port: u16::from_be(r.gue_port),
+            flags: plan::Flags::from_bits_truncate(r.flags),
         },
-        gue_port: u16::from_be(r.gue_port),
-        second_chance: r.flags & types::lb_service_flags::LB_SVC_SECOND_CHANCE.0 != 0,
-        quic_lb: r.flags & types::lb_service_flags::LB_SVC_QUIC_LB.0 != 0,
         table_len: r.table_len,
     })
 }
@@ -182,4 +181,18 @@ pub(super) fn key_of(k: &types::lb_service_key) -> Option<plan::RouteKey> {
 /// The service key of a route key.
 pub(super) fn service_key_of(k: &plan::RouteKey) -> types::lb_service_key {
     service_key(k.addr, k.port, k.proto)
+}
+
+#[cfg(test)]
+mod route_flags {
+    use lb_core::plan::Flags;
+
+    /// The route flags word is lb.h's enum lb_service_flags bit for bit: every member of the
+    /// compiled program's enum is a named flag at its value, and every flag is a member.
+    #[test]
+    fn the_route_flags_are_the_programs_enum() {
+        let members = crate::btf::enum_members("lb_service_flags").expect("the program's BTF");
+        let named: Vec<(String, u32)> = Flags::NAMED.iter().map(|(f, _, member)| (member.to_string(), f.bits())).collect();
+        assert_eq!(named, members);
+    }
 }

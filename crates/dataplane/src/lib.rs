@@ -8,6 +8,7 @@
 //! reads back) but never drives the core: building tables and planning a change is the job of
 //! the balancer (`lb::balancer`, which holds a data plane), and it hands the operations here.
 
+pub mod btf;
 pub mod counters;
 pub mod decap;
 mod encode;

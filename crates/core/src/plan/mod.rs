@@ -27,15 +27,17 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use crate::config::{Forward, HashMode, Pool, Protocol, Service};
+use crate::config::{Pool, Protocol, Service};
 use crate::table::Table;
 
 mod notes;
+mod spec;
 mod state;
 mod steps;
 #[cfg(test)]
 mod testkit;
 
+pub use spec::{Flags, RouteSpec};
 pub use state::{LiveBackend, LiveMaps, LiveService, State, QUARANTINE};
 
 /// A service key as the data plane looks it up. Port 0 is the fragment route of (addr, proto).
@@ -54,16 +56,9 @@ pub struct Route {
     pub base: u32,
     /// Table size; 0 when the service has no backend with weight (its packets are dropped).
     pub slots: u32,
-    pub hash: HashMode,
-    /// Connection tracking on.
-    pub conntrack: bool,
-    /// How packets reach the backends, and the GUE port.
-    pub forward: Forward,
-    pub gue_port: u16,
-    /// Second chance: packets carry the hops of their slot (table_hops).
-    pub second_chance: bool,
-    /// QUIC-LB: QUIC packets go by the server ID in their connection ID (quic_configs).
-    pub quic_lb: bool,
+    /// The service's settings as the program acts on them (a fragment route's own: flow or
+    /// client-ip, untracked).
+    pub spec: RouteSpec,
     /// The length of the table's range in the table array (`slots` may be 0: an empty table).
     pub table_len: u32,
 }
@@ -325,7 +320,7 @@ mod tests {
                     maps.apply(&plan.ops);
                     for s in &p.services {
                         let r = maps.lookup(&service_key(s)).expect("route");
-                        assert_eq!(r.hash, s.hash);
+                        assert_eq!(r.spec.hash, s.hash);
                         if s.backends.iter().any(|b| b.weight > 0) {
                             assert_eq!(maps.table(&service_key(s)), expected(&p, &s.name), "{} after switching to:\n{text}", s.name);
                         } else {

@@ -8,14 +8,6 @@ use std::collections::{HashMap, HashSet};
 use super::{LiveBackend, LiveService};
 use crate::config::Forward;
 
-fn on_off(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
-    }
-}
-
 /// What differs between two versions of a service, in words.
 pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     let mut out = Vec::new();
@@ -23,17 +15,17 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if old.key != new.key {
         out.push(format!("endpoint {} -> {}", endpoint(old), endpoint(new)));
     }
-    if old.hash != new.hash {
-        out.push(format!("hash {} -> {}", old.hash.as_str(), new.hash.as_str()));
+    let (o, n) = (&old.spec, &new.spec);
+    if o.hash != n.hash {
+        out.push(format!("hash {} -> {}", o.hash.as_str(), n.hash.as_str()));
     }
     if old.slots != new.slots {
         out.push(format!("slots {} -> {}", old.slots, new.slots));
     }
-    if old.conntrack != new.conntrack {
-        out.push(format!("conntrack {} -> {}", on_off(old.conntrack), on_off(new.conntrack)));
-    }
-    if old.forward != new.forward {
-        out.push(format!("forward {} -> {}", old.forward.as_str(), new.forward.as_str()));
+    // Every on/off setting by its key's name (conntrack, second_chance, quic_lb, ...).
+    out.extend(n.flag_notes(o));
+    if o.forward != n.forward {
+        out.push(format!("forward {} -> {}", o.forward.as_str(), n.forward.as_str()));
     }
     if old.algorithm != new.algorithm {
         out.push(format!("{} -> {}", old.algorithm.as_str(), new.algorithm.as_str()));
@@ -50,15 +42,10 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
             crate::config::Algorithm::Maglev => {}
         }
     }
-    if old.forward == Forward::Gue && new.forward == Forward::Gue && old.gue_port != new.gue_port {
-        out.push(format!("gue_port {} -> {}", old.gue_port, new.gue_port));
+    if o.forward == Forward::Gue && n.forward == Forward::Gue && o.gue_port != n.gue_port {
+        out.push(format!("gue_port {} -> {}", o.gue_port, n.gue_port));
     }
-    if old.second_chance != new.second_chance {
-        out.push(format!("second_chance {} -> {}", on_off(old.second_chance), on_off(new.second_chance)));
-    }
-    if old.quic_lb != new.quic_lb {
-        out.push(format!("quic_lb {} -> {}", on_off(old.quic_lb), on_off(new.quic_lb)));
-    } else if old.quic_digest != new.quic_digest {
+    if o.quic_lb() == n.quic_lb() && old.quic_digest != new.quic_digest {
         out.push("quic_lb parameters, key or server IDs changed".to_string());
     }
     let before: HashMap<&str, &LiveBackend> = old.backends.iter().map(|b| (b.identity.as_str(), b)).collect();
@@ -78,7 +65,7 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
         }
     }
     // Last: what follows from the rest, or from the previous pool alone.
-    if old.second_chance && new.second_chance && old.hops.len() == new.hops.len() {
+    if o.second_chance() && n.second_chance() && old.hops.len() == new.hops.len() {
         let changed = old.hops.iter().zip(&new.hops).filter(|(a, b)| a != b).count();
         if changed > 0 {
             out.push(format!("hops of {changed} slots changed"));

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::{algorithm_param, identity_hash, quic_digest, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, Route, RouteKey};
-use crate::config::{Forward, HashMode, Pool, Service};
+use super::{algorithm_param, identity_hash, quic_digest, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, Route, RouteKey, RouteSpec};
+use crate::config::{Pool, Service};
 
 /// How long a retired route id, backend id or table range waits before it is reused. Packets run
 /// the program in microseconds; this is thousands of times that.
@@ -30,7 +30,8 @@ pub struct LiveService {
     pub name: String,
     pub endpoint: String,
     pub key: RouteKey,
-    pub hash: HashMode,
+    /// Its settings as its route carries them.
+    pub spec: RouteSpec,
     pub slots: u32,
     pub base: u32,
     /// The table as written: backend id per slot (0 = empty).
@@ -39,13 +40,6 @@ pub struct LiveService {
     pub backends: Vec<LiveBackend>,
     /// True when no backend has weight: the route says 0 slots.
     pub empty: bool,
-    pub conntrack: bool,
-    pub forward: Forward,
-    pub gue_port: u16,
-    /// `second_chance: on`.
-    pub second_chance: bool,
-    /// `quic_lb:` is set.
-    pub quic_lb: bool,
     /// Its QUIC-LB configuration's fingerprint (0: none), for the reload log.
     pub quic_digest: u64,
     /// Its second-chance hops as written: per slot, two backend ids (0 = none); empty when the
@@ -313,17 +307,12 @@ impl State {
                 name,
                 endpoint: endpoint_of(key),
                 key: *key,
-                hash: route.hash,
+                spec: route.spec,
                 slots: route.table_len,
                 base: route.base,
                 owners,
                 backends,
                 empty: route.slots == 0,
-                conntrack: route.conntrack,
-                forward: route.forward,
-                gue_port: route.gue_port,
-                second_chance: route.second_chance,
-                quic_lb: route.quic_lb,
                 // The maps keep no copy of the key: the file's is taken, as for the algorithm.
                 quic_digest: configured.map_or(0, quic_digest),
                 hops: Vec::new(),

@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::notes::notes;
-use super::{algorithm_param, identity_hash, service_key, BackendMeta, IndexEntry, Limits, LiveBackend, LiveService, Op, Plan, PlanError, Route, RouteKey, State, Touched};
+use super::{algorithm_param, identity_hash, service_key, BackendMeta, IndexEntry, Limits, LiveBackend, LiveService, Op, Plan, PlanError, Route, RouteKey, RouteSpec, State, Touched};
+use super::Flags;
 use crate::config::{BackendState, HashMode, Pool, Protocol, Service};
 use crate::table::{Table, EMPTY};
 
@@ -358,16 +359,11 @@ fn live_service(s: &Service, base: u32, owners: Vec<u32>, hops: Vec<[u32; 2]>, b
         name: s.name.clone(),
         endpoint: s.endpoint(),
         key: service_key(s),
-        hash: s.hash,
+        spec: RouteSpec::of(s),
         slots: s.slots,
         base,
         owners,
         backends,
-        conntrack: s.conntrack,
-        forward: s.forward,
-        gue_port: s.gue_port,
-        second_chance: s.second_chance,
-        quic_lb: s.quic_lb.is_some(),
         quic_digest: super::quic_digest(s),
         hops,
         algorithm: s.algorithm,
@@ -383,13 +379,8 @@ fn change(old: Option<&LiveService>, new: &LiveService, written: usize) -> Optio
         None => Some("added"),
         Some(o)
             if o.key != new.key
-                || o.hash != new.hash
+                || o.spec != new.spec
                 || o.slots != new.slots
-                || o.conntrack != new.conntrack
-                || o.forward != new.forward
-                || o.gue_port != new.gue_port
-                || o.second_chance != new.second_chance
-                || o.quic_lb != new.quic_lb
                 || o.quic_digest != new.quic_digest
                 || o.hops != new.hops
                 || o.algorithm != new.algorithm
@@ -419,33 +410,25 @@ pub(super) fn wanted_routes(services: &[LiveService]) -> BTreeMap<RouteKey, Rout
     let mut wanted: BTreeMap<RouteKey, Route> = BTreeMap::new();
     let mut per_vip: BTreeMap<(IpAddr, Protocol), Vec<&LiveService>> = BTreeMap::new();
     for s in services {
-        wanted.insert(s.key, route_to(s, s.key, s.hash, s.conntrack));
+        wanted.insert(s.key, route_to(s, s.key, s.spec));
         per_vip.entry((s.key.addr, s.key.proto)).or_default().push(s);
     }
     for ((addr, proto), services) in per_vip {
         let s = services[0];
-        let routable = services.len() == 1 && s.hash == HashMode::ClientIp;
+        let routable = services.len() == 1 && s.spec.hash == HashMode::ClientIp;
         let key = RouteKey { addr, port: 0, proto };
-        wanted.insert(key, route_to(s, key, if routable { HashMode::ClientIp } else { HashMode::Flow }, false));
+        // Untracked, and no QUIC-LB: a fragment carries neither ports nor a connection ID.
+        let hash = if routable { HashMode::ClientIp } else { HashMode::Flow };
+        let spec = RouteSpec { hash, ..s.spec }.with(Flags::CONNTRACK, false).with(Flags::QUIC_LB, false);
+        wanted.insert(key, route_to(s, key, spec));
     }
     wanted
 }
 
-/// A route under `key` to service `s`'s table.
-fn route_to(s: &LiveService, key: RouteKey, hash: HashMode, conntrack: bool) -> Route {
+/// A route under `key` to service `s`'s table, saying `spec`.
+fn route_to(s: &LiveService, key: RouteKey, spec: RouteSpec) -> Route {
     let slots = if s.empty { 0 } else { s.slots };
-    Route {
-        key,
-        base: s.base,
-        slots,
-        hash,
-        conntrack,
-        forward: s.forward,
-        gue_port: s.gue_port,
-        second_chance: s.second_chance,
-        quic_lb: s.quic_lb && key.port != 0,
-        table_len: s.slots,
-    }
+    Route { key, base: s.base, slots, spec, table_len: s.slots }
 }
 
 /// Steps 4 and 5's input: the keys of each index entry, by the data plane's `index_of`. A group
@@ -464,8 +447,8 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::super::testkit::{index_of, pool, run, A, LIMITS};
-    use super::super::{identity_hash, plan, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, RouteKey, State, Touched, QUARANTINE};
-    use super::{change, hop_writes, index_groups, wanted_routes, Budget, Draft, LiveService};
+    use super::super::{identity_hash, plan, service_key, BackendMeta, IndexEntry, Limits, Op, PlanError, RouteKey, RouteSpec, State, Touched, QUARANTINE};
+    use super::{change, hop_writes, index_groups, wanted_routes, Budget, Draft, Flags, LiveService};
     use crate::config::{BackendState, HashMode, Pool};
     use crate::table::{build_service, Table};
 
@@ -564,11 +547,13 @@ mod tests {
         assert_eq!(change(Some(web), web, 1), Some("changed"), "a slot written");
         let variants: Vec<fn(&mut super::LiveService)> = vec![
             |s| s.key.port += 1,
-            |s| s.hash = HashMode::Flow,
+            |s| s.spec.hash = HashMode::Flow,
             |s| s.slots += 1,
-            |s| s.conntrack = !s.conntrack,
-            |s| s.forward = crate::config::Forward::Ipip,
-            |s| s.gue_port += 1,
+            |s| s.spec.flags.toggle(Flags::CONNTRACK),
+            |s| s.spec.flags.toggle(Flags::SECOND_CHANCE),
+            |s| s.spec.flags.toggle(Flags::QUIC_LB),
+            |s| s.spec.forward = crate::config::Forward::Ipip,
+            |s| s.spec.gue_port += 1,
             |s| s.algorithm = crate::config::Algorithm::Maglev,
             |s| s.algorithm_param += 1,
             |s| s.backends[0].weight += 1,
@@ -640,17 +625,17 @@ mod tests {
             name: "web".into(),
             endpoint: String::new(),
             key: RouteKey { addr: "10.0.0.1".parse().unwrap(), port: 80, proto: crate::config::Protocol::Tcp },
-            hash: crate::config::HashMode::Flow,
+            spec: RouteSpec {
+                hash: crate::config::HashMode::Flow,
+                forward: crate::config::Forward::Gue,
+                gue_port: 6080,
+                flags: Flags::CONNTRACK | Flags::SECOND_CHANCE,
+            },
             slots: 3,
             base: 100,
             owners: vec![1, 2, 1],
             backends: Vec::new(),
             empty: false,
-            conntrack: true,
-            forward: crate::config::Forward::Gue,
-            gue_port: 6080,
-            second_chance: true,
-            quic_lb: false,
             quic_digest: 0,
             hops: vec![[2, 0], [0, 0], [0, 3]],
             algorithm: crate::config::Algorithm::Maglev,
@@ -681,15 +666,15 @@ mod tests {
         let (tcp, udp) = (frag(crate::config::Protocol::Tcp), frag(crate::config::Protocol::Udp));
         assert_eq!(wanted.keys().copied().collect::<BTreeSet<_>>(), BTreeSet::from([key_of(&p, "web"), key_of(&p, "dns"), key_of(&p, "alt"), tcp, udp]));
         let web = &st.services[0];
-        assert_eq!((wanted[&key_of(&p, "web")].base, wanted[&key_of(&p, "web")].slots, wanted[&key_of(&p, "web")].hash), (web.base, 1009, HashMode::ClientIp));
+        assert_eq!((wanted[&key_of(&p, "web")].base, wanted[&key_of(&p, "web")].slots, wanted[&key_of(&p, "web")].spec.hash), (web.base, 1009, HashMode::ClientIp));
         // Two services on tcp: fragments cannot follow the client, the route says flow; it
         // points at the first service's table.
-        assert_eq!((wanted[&tcp].hash, wanted[&tcp].base, wanted[&tcp].conntrack), (HashMode::Flow, web.base, false));
+        assert_eq!((wanted[&tcp].spec.hash, wanted[&tcp].base, wanted[&tcp].spec.conntrack()), (HashMode::Flow, web.base, false));
         // dns alone on udp, hashing by flow: flow too.
-        assert_eq!(wanted[&udp].hash, HashMode::Flow);
+        assert_eq!(wanted[&udp].spec.hash, HashMode::Flow);
         // One service hashing by client address: its fragments follow the client.
         let (_, st) = installed(&A.replace("hash: flow, ", ""), t0);
-        assert_eq!(wanted_routes(&st.services)[&udp].hash, HashMode::ClientIp);
+        assert_eq!(wanted_routes(&st.services)[&udp].spec.hash, HashMode::ClientIp);
         // No backend with weight: the route says 0 slots, the range stays its length.
         let (p, st) = installed(&A.replace("[10.0.0.4]", "[{address: 10.0.0.4, weight: 0}]"), t0);
         let alt = wanted_routes(&st.services)[&key_of(&p, "alt")];
@@ -707,7 +692,7 @@ mod tests {
         assert_eq!((&d.st.keys, &d.st.routes), (&st.keys, &st.routes));
         // web's route changes: a new id, written; the old one is not reused at once.
         let web = key_of(&p, "web");
-        wanted.get_mut(&web).expect("web").conntrack = false;
+        wanted.get_mut(&web).expect("web").spec.flags.remove(Flags::CONNTRACK);
         let mut d = Draft::new(&st, &LIMITS, t0 + Duration::from_secs(1));
         d.routes(&wanted).expect("ids");
         let id = d.st.keys[&web];
