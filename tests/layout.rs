@@ -379,3 +379,74 @@ fn the_core_and_a_quic_server_on_it_need_no_libbpf_nix_or_clap() {
     // The rule is not vacuous: the binary's own tree has every one of them.
     assert_eq!(forbidden(&dependency_tree("lb")).len(), NOT_IN_THE_CORE.len());
 }
+
+/// The longest a function may be, in lines, signature to closing brace: past it, a function is
+/// doing several things that want names of their own.
+const LONGEST_FUNCTION: usize = 120;
+
+/// Functions of `text` longer than `limit` lines: (first line, length, signature). A Rust `fn`
+/// or a C function definition at any indent runs to the first line that closes it at that
+/// indent (`}` alone, as rustfmt and the kernel's style leave it).
+fn long_functions(text: &str, limit: usize) -> Vec<(usize, usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let body = l.trim_start();
+        let indent = &l[..l.len() - body.len()];
+        let rust = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn ", "const fn ", "pub const fn ", "async fn ", "unsafe fn "]
+            .iter()
+            .any(|p| body.starts_with(p));
+        let c = indent.is_empty()
+            && (body.starts_with("static ") || body.starts_with("__noinline ") || body.starts_with("int ") || body.starts_with("SEC("))
+            && (body.contains('(') || body.starts_with("SEC("))
+            && !body.trim_end().ends_with(';');
+        if !(rust || c) {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + 1..].iter().position(|m| *m == close) {
+            // One-line declarations (`fn f();` in a trait) have no body to measure.
+            if lines[i..=i + 1 + end].iter().any(|m| m.trim_end().ends_with(';') && m == l) {
+                continue;
+            }
+            let len = end + 2;
+            if len > limit {
+                out.push((i + 1, len, body.chars().take(70).collect()));
+            }
+        }
+    }
+    out
+}
+
+/// No function of lb itself (the crates' and the binary's sources, tools/ and the BPF programs)
+/// is longer than LONGEST_FUNCTION lines. Tests, benchmarks and the end-to-end harness are
+/// scripts of steps and are not held to it.
+#[test]
+fn no_function_is_longer_than_120_lines() {
+    let mut files = Vec::new();
+    for dir in ["src", "crates/core/src", "crates/dataplane/src", "tools/quic-echo/src"] {
+        rust_files(Path::new(dir), &mut files);
+    }
+    let mut bpf: Vec<PathBuf> = std::fs::read_dir("crates/dataplane/src/bpf")
+        .expect("the BPF sources")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "c" || x == "h"))
+        .collect();
+    bpf.sort();
+    assert!(bpf.len() > 10 && files.len() > 80, "the sources were found");
+    files.extend(bpf);
+    let mut long = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read");
+        for (line, len, sig) in long_functions(&text, LONGEST_FUNCTION) {
+            long.push(format!("{}:{line}: {len} lines: {sig}", f.display()));
+        }
+    }
+    assert!(long.is_empty(), "functions over {LONGEST_FUNCTION} lines:\n{}", long.join("\n"));
+    // The measure sees a long function of either language.
+    let body = "    x += 1;\n".repeat(LONGEST_FUNCTION);
+    assert_eq!(long_functions(&format!("pub fn f() {{\n{body}}}\n"), LONGEST_FUNCTION).len(), 1);
+    assert_eq!(long_functions(&format!("    fn g() {{\n{body}    }}\n"), LONGEST_FUNCTION).len(), 1);
+    assert_eq!(long_functions(&format!("static __always_inline int h(void)\n{{\n{}}}\n", "\tx++;\n".repeat(LONGEST_FUNCTION)), LONGEST_FUNCTION).len(), 1);
+    assert!(long_functions(&format!("fn short() {{\n{}}}\n", "    x += 1;\n".repeat(10)), LONGEST_FUNCTION).is_empty());
+}

@@ -48,6 +48,8 @@ fn main() {
         args.push(OsString::from("-DLB_LAYOUT_TEST"));
     }
     let clang = pick_clang();
+    // The headers' test (tests/headers.rs) compiles each one alone with the same clang.
+    println!("cargo:rustc-env=LB_BPF_CLANG={}", clang.display());
     for (src, skel) in PROGRAMS {
         SkeletonBuilder::new()
             .source(manifest.join(src))

@@ -332,10 +332,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut next_stats = stats_interval.map(|i| started + i);
     let mut next_resolve = second_chance.then(|| started + RESOLVE_POLL);
     let mut resolver = Resolver { nl: netlink::Socket::open().context("opening a netlink socket")?, asked: HashMap::new(), logged: HashSet::new() };
-    // Whether conntrack's lookup is missing and its module has been loaded since (said once).
-    let mut conntrack_came = false;
-    // The loopback's forwarding switches someone turned off since the start, as last seen.
-    let mut forwarding_off: Vec<&str> = Vec::new();
+    let mut seen = Seen::default();
     let stop = loop {
         let now = Instant::now();
         let wake = [next_stats, next_resolve].into_iter().flatten().fold(next_refresh, Instant::min);
@@ -354,35 +351,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         if now >= next_refresh {
             next_refresh = now + ADDRESS_REFRESH;
-            let addrs = host_addresses()?;
-            if dp.set_local(&addrs)? {
-                log(format!("this host's addresses changed: decapsulating for {} addresses", addrs.len()));
-            }
-            if second_chance && !dp.has_conntrack() && !conntrack_came && std::path::Path::new(CONNTRACK_BTF).exists() {
-                conntrack_came = true;
-                log(
-                    "second chance: the kernel's conntrack (nf_conntrack) was loaded after lb decap started, which sees it only \
-                     from its start: restart lb decap for connections this host REDIRECTs or DNATs to be kept here",
-                );
-            }
-            // Someone turned the loopback's forwarding off (by hand, or with a global
-            // `ip_forward=0`): that is theirs to decide, and lb decap leaves it off, but says
-            // once what it costs, and once when it is back.
-            if second_chance {
-                let off = loopback_forwarding_off();
-                for name in off.iter().filter(|n| !forwarding_off.contains(n)) {
-                    log(format!(
-                        "second chance: {name} was turned off: until it is on again, every packet this host should send on \
-                         to another backend is delivered here instead (counted no_route) and reset; `sysctl -w {name}=1` \
-                         turns it back on (the loopback forwards nothing)"
-                    ));
-                }
-                for name in forwarding_off.iter().filter(|n| !off.contains(n)) {
-                    log(format!("second chance: {name} is on again: packets are sent on"));
-                }
-                forwarding_off = off;
-            }
-            ensure_present(&ifc)?;
+            look_again(&mut dp, &ifc, second_chance, &mut seen)?;
         }
         if let (Some(interval), Some(due)) = (stats_interval, next_stats) {
             if now >= due {
@@ -396,6 +365,49 @@ pub fn run(a: Args) -> Result<ExitCode> {
     drop(xdp);
     log(format!("{stop}: detached from {}; {}", ifc.name, counters_text(&dp.counters()?, second_chance)));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the periodic look at the host has seen so far, so that each change is said once.
+#[derive(Default)]
+struct Seen {
+    /// conntrack's lookup is missing and its module has been loaded since.
+    conntrack_came: bool,
+    /// The loopback's forwarding switches someone turned off since the start, as last seen.
+    forwarding_off: Vec<&'static str>,
+}
+
+/// Every ADDRESS_REFRESH: this host's addresses brought to the program, conntrack's late
+/// arrival and the loopback's forwarding said when they change, and the interface still there.
+fn look_again(dp: &mut Decap, ifc: &link::Interface, second_chance: bool, seen: &mut Seen) -> Result<()> {
+    let addrs = host_addresses()?;
+    if dp.set_local(&addrs)? {
+        log(format!("this host's addresses changed: decapsulating for {} addresses", addrs.len()));
+    }
+    if second_chance && !dp.has_conntrack() && !seen.conntrack_came && std::path::Path::new(CONNTRACK_BTF).exists() {
+        seen.conntrack_came = true;
+        log(
+            "second chance: the kernel's conntrack (nf_conntrack) was loaded after lb decap started, which sees it only \
+             from its start: restart lb decap for connections this host REDIRECTs or DNATs to be kept here",
+        );
+    }
+    // Someone turned the loopback's forwarding off (by hand, or with a global
+    // `ip_forward=0`): that is theirs to decide, and lb decap leaves it off, but says
+    // once what it costs, and once when it is back.
+    if second_chance {
+        let off = loopback_forwarding_off();
+        for name in off.iter().filter(|n| !seen.forwarding_off.contains(n)) {
+            log(format!(
+                "second chance: {name} was turned off: until it is on again, every packet this host should send on \
+                 to another backend is delivered here instead (counted no_route) and reset; `sysctl -w {name}=1` \
+                 turns it back on (the loopback forwards nothing)"
+            ));
+        }
+        for name in seen.forwarding_off.iter().filter(|n| !off.contains(n)) {
+            log(format!("second chance: {name} is on again: packets are sent on"));
+        }
+        seen.forwarding_off = off;
+    }
+    ensure_present(ifc)
 }
 
 #[cfg(test)]

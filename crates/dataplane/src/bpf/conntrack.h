@@ -3,12 +3,21 @@
  * make, keep, confirm, promote, reset, adopt or remake an entry, with or without the ct_guard;
  * tracked() calls it for a packet; route_icmp() sends an ICMP error to its flow's backend. Its own
  * header, as conntrack is its own concern beside routing: route.h decides for a flow that has no
- * usable entry, this file decides whether it has one. Included by lb.bpf.c after flow.h and
- * route.h (pick_in(), pick()); it returns backend ids, and lb.bpf.c sends. docs/data-plane.md
+ * usable entry, this file decides whether it has one. It returns backend ids, and lb.bpf.c sends.
+ * Its own maps (the young filter, the sampler) are conntrack_map.h's. docs/data-plane.md
  * ("Connection tracking against crafted packets") and docs/security.md say what each rule
  * defends against. */
 #ifndef LB_CONNTRACK_H
 #define LB_CONNTRACK_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "lb.h"
+#include "maps.h"
+#include "parse.h"
+#include "route.h"
+#include "flow.h"
+#include "conntrack_map.h"
 
 /* How long a tracked flow must have been silent before a pure SYN on its 5-tuple is taken for
  * a new connection and picks afresh (about 30 s, or half the flow's timeout if that is
@@ -113,6 +122,75 @@ static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
  * whole path and promote and confirm it even on a stable slot. */
 #define LB_CT_ADOPTING 0x80000000u
 
+/* A flow with no established entry but a half-open record `pe` (word `w`, at `at`): a SYN sent
+ * again goes where the first went; the flow's next packet makes it established, if its buckets
+ * have room it may take, or is followed through the record; an RST shortens the record's life.
+ * A record whose backend is gone or down is re-picked first. Part of ct_choose(). */
+static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at, __u64 tag, __u32 slot, __u32 slots,
+					   __u32 now, __u32 timeout, __u32 pflags, int syn, int rst)
+{
+	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
+	struct flow_word f;
+
+	f = flow_unpack(w);
+	int stale = !usable(&f, timeout, now);
+	int put;
+
+	if (stale) {
+		/* Its first packet went to a backend that is gone or down (or long
+		 * ago): the table decides again. */
+		count(LB_CT_STALE, 0);
+		id = pick_slot(slots, slot);
+		if (id == 0)
+			return 0;
+		gen = bpf_map_lookup_elem(&backend_gen, &id);
+		f.backend = id;
+		f.gen = gen ? *gen : 0;
+	}
+	if (syn) {
+		/* A SYN sent again: where the first one went. */
+		if (stale)
+			flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
+		else
+			count(LB_CT_HIT, 0);
+		return f.backend;
+	}
+	/* The flow's next packet: established, with the backend its first went to,
+	 * if its buckets have room it may take. */
+	if (!rst) {
+		put = flow_put(&flows, &flow_records, mask, 2, tag, NULL, 0, flow_pack(f.backend, f.gen, pflags, now), 1, now, ct_rec(tag, slot, slots));
+		if (put >= 0) {
+			if (put > 0)
+				count(LB_CT_EVICTED, 0);
+			count(LB_CT_NEW, 0);
+			flow_end(pe, tag);
+		} else {
+			/* Followed through its half-open record, which is kept
+			 * fresh as a tracked flow's entry is (and cleared of a reset):
+			 * else it would run out a timeout after the flow's first
+			 * packet, and the flow be re-picked in mid-stream. */
+			count(LB_CT_NO_ROOM, 0);
+			if (stale)
+				flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
+			else if ((f.flags & LB_FLOW_RESET) || ct_age(f.seen, now) >= ct_refresh_every(timeout)) {
+				flow_note(&pending_records, at, ct_rec(tag, slot, slots));
+				__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
+			}
+		}
+	} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
+		/* An RST shortens a half-open record's life as it does an
+		 * unconfirmed entry's (it may be spoofed): about 4 s from the
+		 * flow's last packet. */
+		f.flags |= LB_FLOW_RESET;
+		__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
+	} else if (stale) {
+		flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
+	}
+	if (!stale)
+		count(LB_CT_HIT, 0);
+	return f.backend;
+}
+
 /* Connection tracking, for a flow with keyed tag `tag` and flow hash `hash` of a service whose
  * destination table is `table` (its base in the high half, its size in the low one), `proto`
  * and the TCP flags in `proto_flags`' low two bytes: the backend id the packet goes to, or 0
@@ -181,65 +259,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	count(LB_CT_MISS, 0);
 	if (lb_settings.ct_guard) {
 		pe = flow_find(&flow_pending, pmask, 1, tag, &w, &at);
-		if (pe) {
-			f = flow_unpack(w);
-			int stale = !usable(&f, timeout, now);
-			int put;
-
-			if (stale) {
-				/* Its first packet went to a backend that is gone or down (or long
-				 * ago): the table decides again. */
-				count(LB_CT_STALE, 0);
-				id = pick_slot(slots, slot);
-				if (id == 0)
-					return 0;
-				gen = bpf_map_lookup_elem(&backend_gen, &id);
-				f.backend = id;
-				f.gen = gen ? *gen : 0;
-			}
-			if (syn) {
-				/* A SYN sent again: where the first one went. */
-				if (stale)
-					flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
-				else
-					count(LB_CT_HIT, 0);
-				return f.backend;
-			}
-			/* The flow's next packet: established, with the backend its first went to,
-			 * if its buckets have room it may take. */
-			if (!rst) {
-				put = flow_put(&flows, &flow_records, mask, 2, tag, NULL, 0, flow_pack(f.backend, f.gen, pflags, now), 1, now, ct_rec(tag, slot, slots));
-				if (put >= 0) {
-					if (put > 0)
-						count(LB_CT_EVICTED, 0);
-					count(LB_CT_NEW, 0);
-					flow_end(pe, tag);
-				} else {
-					/* Followed through its half-open record, which is kept
-					 * fresh as a tracked flow's entry is (and cleared of a reset):
-					 * else it would run out a timeout after the flow's first
-					 * packet, and the flow be re-picked in mid-stream. */
-					count(LB_CT_NO_ROOM, 0);
-					if (stale)
-						flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
-					else if ((f.flags & LB_FLOW_RESET) || ct_age(f.seen, now) >= ct_refresh_every(timeout)) {
-						flow_note(&pending_records, at, ct_rec(tag, slot, slots));
-						__sync_val_compare_and_swap(flow_word_of(pe), w, flow_pack(f.backend, f.gen, pflags, now));
-					}
-				}
-			} else if (!stale && !(f.flags & LB_FLOW_RESET)) {
-				/* An RST shortens a half-open record's life as it does an
-				 * unconfirmed entry's (it may be spoofed): about 4 s from the
-				 * flow's last packet. */
-				f.flags |= LB_FLOW_RESET;
-				__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
-			} else if (stale) {
-				flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
-			}
-			if (!stale)
-				count(LB_CT_HIT, 0);
-			return f.backend;
-		}
+		if (pe)
+			return ct_half_open(pe, w, at, tag, slot, slots, now, timeout, pflags, syn, rst);
 		id = pick_slot(slots, slot);
 		if (id == 0)
 			return 0;
@@ -271,44 +292,6 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	}
 	return id;
 }
-
-/* Each CPU's state of the stable path's sampler (xorshift32): the kernel's bpf_get_prandom_u32()
- * measured about 70 ns a call here, more than the lookup it lets a packet skip. Never pinned:
- * a new program starts its own sequence. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} ct_sampler SEC(".maps");
-
-/* Recent SYNs on the stable path, as a filter: cell `hash % LB_CT_YOUNG` holds the low 16 bits
- * of the clock (ticks, flow.h) when a SYN of a flow hashing to it last came. A flow whose cell
- * was stamped within two refresh intervals (about 2 s) is *young*: its packets take the whole
- * path, so that its next packet makes its entry and one a refresh interval later confirms it, as
- * every packet did before stable slots (a confirmed entry is what a pair flood cannot displace).
- * Only times are kept, no flow's hash: another flow's SYN on the same cell only makes it younger,
- * so no SYN, nor a flood of them, can make a young flow old; a flood makes more flows young
- * (they pay the lookup, as before stable slots), never fewer. A cell stamped 2^16 ticks (about
- * 18 min) ago, or never (0 after a load), reads as young for about 2 s in every 18 min, all
- * such cells at once: their flows pay the lookup then, which is harmless. 32 cells of 2 bytes
- * to a value (a cache line), 2 MiB in all: with 2^16 cells the 1% of SYNs in the many-flow
- * benchmark kept most cells recent (only 7% of a million flows' packets went the stable way),
- * with 2^20 79% did (docs/benchmarks.md). Shared by all CPUs, not per
- * CPU: a flow's packets may be processed on another CPU than its SYN (on a veth, the
- * sender's). Never pinned. */
-#define LB_CT_YOUNG (1u << 20)
-#define LB_CT_YOUNG_LINE 32
-struct lb_young {
-	__u16 at[LB_CT_YOUNG_LINE];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, LB_CT_YOUNG / LB_CT_YOUNG_LINE);
-	__type(key, __u32);
-	__type(value, struct lb_young);
-} ct_young SEC(".maps");
 
 /* The cell of ct_young for flow hash `hash`, or NULL. */
 static __always_inline __u16 *young_cell(__u32 hash)

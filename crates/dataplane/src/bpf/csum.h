@@ -5,6 +5,10 @@
 #ifndef LB_CSUM_H
 #define LB_CSUM_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
 static __always_inline __u16 csum_fold(__u64 sum)
 {
 	sum = (sum & 0xffff) + (sum >> 16);

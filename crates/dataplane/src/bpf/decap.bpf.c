@@ -33,93 +33,7 @@
 #include "lb.h"
 #include "parse.h"
 #include "csum.h"
-
-/* This host's addresses, the loopback's (where the VIPs are) included; user space keeps it in
- * step with the interfaces'. Only packets whose outer destination is one of them are
- * decapsulated (a router's transit traffic never is), and only inner packets whose destination
- * is one of them are handed on. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, struct lb_addr);
-	__type(value, __u8);
-} local_addrs SEC(".maps");
-
-/* The prefixes encapsulated packets may come from (user space writes it before attaching and
- * never changes it while attached). `lb decap --allow-any` writes the two /0 prefixes. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct lb_decap_src);
-	__type(value, __u8);
-} allow_from SEC(".maps");
-
-/* Second chance: the next hops found on the link with no MAC known, each with when it was
- * first found so (bpf_ktime_get_ns()). lb decap reads it, has the kernel resolve each, and
- * deletes the entries it is done with. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 256);
-	__type(key, struct lb_addr);
-	__type(value, __u64);
-} unresolved SEC(".maps");
-
-/* How long packets to an unresolved next hop are dropped before they are delivered here. */
-#define LB_DECAP_RESOLVE_NS (3ULL * 1000 * 1000 * 1000)
-
-/* Counters, indexed by enum lb_decap_stat. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_DECAP_STAT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} decap_stats SEC(".maps");
-
-/* The GUE port (network order), set by user space before loading. */
-const volatile __be16 gue_port = 0;
-/* 1: `--second-chance`, set by user space before loading. */
-const volatile __u8 second_chance = 0;
-
-const volatile enum lb_decap_stat lb_decap_stat_btf = LB_DECAP_STAT_MAX;
-
-/* The kernel's clock rate (jiffies a second), for second chance's reading of the kernel's
- * SYN-cookie bookkeeping; measured by user space after loading (lb_decap_clock), before
- * attaching. Not the kernel's configuration: libbpf cannot read it on every host. */
-volatile __u32 jiffies_hz = 0;
-/* lb_decap_clock's readings, and whether this kernel has conntrack's lookup for XDP (resolved
- * when the program was loaded). */
-volatile __u64 clock_jiffies = 0, clock_ns = 0;
-volatile __u8 has_conntrack = 0;
-
-static __always_inline int dcount(__u32 stat, int action)
-{
-	__u64 *v = bpf_map_lookup_elem(&decap_stats, &stat);
-
-	if (v)
-		*v += 1;
-	return action;
-}
-
-static __always_inline int is_local(const __u32 a[4], __u8 family)
-{
-	struct lb_addr key = {};
-
-	__builtin_memcpy(key.addr, a, 16);
-	key.family = family;
-	return bpf_map_lookup_elem(&local_addrs, &key) != NULL;
-}
-
-/* Whether an outer source address `a` of `family` lies in one of allow_from's prefixes. */
-static __always_inline int is_allowed(const __u32 a[4], __u8 family)
-{
-	struct lb_decap_src key = {};
-
-	key.prefixlen = 32 + 128;
-	key.family = family;
-	__builtin_memcpy(key.addr, a, 16);
-	return bpf_map_lookup_elem(&allow_from, &key) != NULL;
-}
+#include "decap_maps.h"
 
 #include "second_chance.h"
 
@@ -225,17 +139,116 @@ static __always_inline int inner_of(struct cursor *c, __u8 proto, __u32 *strip, 
 	return 0;
 }
 
+/* Whether the inner packet (at `inner`, of `family`) may be unwrapped: its header all there, of
+ * the family the outer headers promised, and for this host. -1 when so; else the XDP action,
+ * counted. */
+static __always_inline int inner_for_here(void *inner, void *end, __u8 family)
+{
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = inner;
+		__u32 d[4] = {};
+
+		if ((void *)(in + 1) > end || in->version != 4 || in->ihl < 5)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		d[0] = in->daddr;
+		if (!is_local(d, LB_FAMILY_V4))
+			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+	} else {
+		struct ipv6hdr *in = inner;
+		__u32 d[4];
+
+		if ((void *)(in + 1) > end || in->version != 6)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		__builtin_memcpy(d, &in->daddr, 16);
+		if (!is_local(d, LB_FAMILY_V6))
+			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
+	}
+	return -1;
+}
+
+/* The inner header's ECN field as RFC 6040 leaves it (an IPv4 header's checksum updated):
+ * -1 when the packet goes on, *anomaly set for a combination to log; else the XDP action
+ * (dropped, counted: CE over Not-ECT, or the header cut short). */
+static __always_inline int ecn_leave(void *inner, void *end, __u8 family, __u8 outer_ecn, int *anomaly)
+{
+	int ecn;
+
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = inner;
+
+		if ((void *)(in + 1) > end)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		*anomaly = ecn_anomalous(outer_ecn, in->tos & 3);
+		ecn = ecn_decap(outer_ecn, in->tos & 3);
+		if (ecn < 0)
+			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
+		if (ecn != (in->tos & 3)) {
+			/* The checksum covers the TOS: RFC 1624's update for the one 16-bit word that
+			 * changes (version and header length, TOS). */
+			__u16 old = bpf_ntohs(*(__be16 *)in), new = (old & ~3) | ecn;
+			__u32 sum = (__u16)~bpf_ntohs(in->check) + (__u16)~old + new;
+
+			sum = (sum & 0xffff) + (sum >> 16);
+			sum = (sum & 0xffff) + (sum >> 16);
+			in->tos = (in->tos & ~3) | ecn;
+			in->check = bpf_htons(~sum & 0xffff);
+		}
+	} else {
+		struct ipv6hdr *in = inner;
+
+		if ((void *)(in + 1) > end)
+			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+		*anomaly = ecn_anomalous(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
+		ecn = ecn_decap(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
+		if (ecn < 0)
+			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
+		((__u8 *)in)[1] = (((__u8 *)in)[1] & ~0x30) | (ecn << 4);
+	}
+	return -1;
+}
+
+/* Strips the `strip` bytes of outer headers that follow the frame's L2 header (`l2len` bytes:
+ * 14, or 18 with the VLAN tag `tag`), keeps its MACs and tag, names the inner family in it, and
+ * hands the inner packet to the stack. */
+static __always_inline int unwrap(struct xdp_md *ctx, __u32 l2len, __u32 strip, __u8 family, __u32 tag, int anomaly)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	__u8 macs[12];
+	__u16 proto;
+
+	if (data + 12 > end)
+		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	__builtin_memcpy(macs, data, 12);
+	if (bpf_xdp_adjust_head(ctx, (int)strip))
+		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + 18 > end)
+		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
+	__builtin_memcpy(data, macs, 12);
+	proto = family == LB_FAMILY_V4 ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
+	if (l2len == 18) {
+		*(__u32 *)(data + 12) = tag;
+		*(__u16 *)(data + 16) = proto;
+	} else {
+		*(__u16 *)(data + 12) = proto;
+	}
+	if (anomaly)
+		dcount(LB_DECAP_ECN_ANOMALY, 0);
+	return dcount(LB_DECAP_DONE, XDP_PASS);
+}
+
 SEC("xdp")
 int lb_decap(struct xdp_md *ctx)
 {
 	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
 	__u32 l2len = sizeof(struct ethhdr), strip, a[4] = {}, tag = 0;
-	__u8 family = 0, outer = 0, macs[12], outer_ecn;
+	__u8 family = 0, outer = 0, outer_ecn;
 	struct hops_at hops = {};
 	struct ethhdr *eth;
-	void *data, *l3;
+	void *l3;
 	__u16 proto;
-	int verdict, ecn, anomaly = 0;
+	int verdict, anomaly = 0;
 
 	eth = take(&c, sizeof(*eth));
 	if (!eth)
@@ -307,25 +320,9 @@ int lb_decap(struct xdp_md *ctx)
 	/* The inner header must be all there, and of the family the outer headers promised; and it
 	 * must be for this host: unwrapped, it is not checked again before routing. */
 	l3 = (void *)(long)ctx->data + l2len;
-	if (family == LB_FAMILY_V4) {
-		struct iphdr *in = l3 + strip;
-		__u32 d[4] = {};
-
-		if ((void *)(in + 1) > c.end || in->version != 4 || in->ihl < 5)
-			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-		d[0] = in->daddr;
-		if (!is_local(d, LB_FAMILY_V4))
-			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
-	} else {
-		struct ipv6hdr *in = l3 + strip;
-		__u32 d[4];
-
-		if ((void *)(in + 1) > c.end || in->version != 6)
-			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-		__builtin_memcpy(d, &in->daddr, 16);
-		if (!is_local(d, LB_FAMILY_V6))
-			return dcount(LB_DECAP_NOT_LOCAL, XDP_DROP);
-	}
+	verdict = inner_for_here(l3 + strip, c.end, family);
+	if (verdict >= 0)
+		return verdict;
 	/* Second chance: a packet of no connection here goes on to the next hop of its list. */
 	if (hops.off) {
 		int act = second_chance_for(ctx, l2len, strip, family, outer, &hops);
@@ -335,57 +332,10 @@ int lb_decap(struct xdp_md *ctx)
 	}
 	/* Read again: second chance may have looked the packet's socket up. */
 	l3 = (void *)(long)ctx->data + l2len;
-	c.end = (void *)(long)ctx->data_end;
-	if (family == LB_FAMILY_V4) {
-		struct iphdr *in = l3 + strip;
-
-		if ((void *)(in + 1) > c.end)
-			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-		anomaly = ecn_anomalous(outer_ecn, in->tos & 3);
-		ecn = ecn_decap(outer_ecn, in->tos & 3);
-		if (ecn < 0)
-			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
-		if (ecn != (in->tos & 3)) {
-			/* The checksum covers the TOS: RFC 1624's update for the one 16-bit word that
-			 * changes (version and header length, TOS). */
-			__u16 old = bpf_ntohs(*(__be16 *)in), new = (old & ~3) | ecn;
-			__u32 sum = (__u16)~bpf_ntohs(in->check) + (__u16)~old + new;
-
-			sum = (sum & 0xffff) + (sum >> 16);
-			sum = (sum & 0xffff) + (sum >> 16);
-			in->tos = (in->tos & ~3) | ecn;
-			in->check = bpf_htons(~sum & 0xffff);
-		}
-	} else {
-		struct ipv6hdr *in = l3 + strip;
-
-		if ((void *)(in + 1) > c.end)
-			return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-		anomaly = ecn_anomalous(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
-		ecn = ecn_decap(outer_ecn, (((__u8 *)in)[1] >> 4) & 3);
-		if (ecn < 0)
-			return dcount(LB_DECAP_CE_NOT_ECT, XDP_DROP);
-		((__u8 *)in)[1] = (((__u8 *)in)[1] & ~0x30) | (ecn << 4);
-	}
-
-	__builtin_memcpy(macs, eth, 12);
-	if (bpf_xdp_adjust_head(ctx, (int)strip))
-		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-	data = (void *)(long)ctx->data;
-	c.end = (void *)(long)ctx->data_end;
-	if (data + 18 > c.end)
-		return dcount(LB_DECAP_MALFORMED, XDP_DROP);
-	__builtin_memcpy(data, macs, 12);
-	proto = family == LB_FAMILY_V4 ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
-	if (l2len == 18) {
-		*(__u32 *)(data + 12) = tag;
-		*(__u16 *)(data + 16) = proto;
-	} else {
-		*(__u16 *)(data + 12) = proto;
-	}
-	if (anomaly)
-		dcount(LB_DECAP_ECN_ANOMALY, 0);
-	return dcount(LB_DECAP_DONE, XDP_PASS);
+	verdict = ecn_leave(l3 + strip, (void *)(long)ctx->data_end, family, outer_ecn, &anomaly);
+	if (verdict >= 0)
+		return verdict;
+	return unwrap(ctx, l2len, strip, family, tag, anomaly);
 }
 
 /* Run by user space through BPF_PROG_TEST_RUN, never attached: the kernel's jiffies and

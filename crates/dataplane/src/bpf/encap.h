@@ -16,6 +16,15 @@
 #ifndef LB_ENCAP_H
 #define LB_ENCAP_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "lb.h"
+#include "maps.h"
+#include "parse.h"
+#include "csum.h"
+#include "icmp.h"
+
 /* The outer protocol for an inner packet of `family` when the service uses `forward`. */
 static __always_inline __u8 outer_proto(__u32 forward, __u8 family)
 {

@@ -4,67 +4,18 @@
  * tags (`flow_key`). Here: a flow's keyed tag, time in ticks of the kernel's clock, a slot's
  * packed word and state bits, the two buckets a flow's tag may live in, lookup, claim-and-insert
  * and end, whether an entry still leads to a live backend and whether a promotion may take its
- * slot. The policy on top, which packets make, keep or change an entry, is conntrack.h's. The
- * three maps are defined here because no other part of the program touches them. Included by
- * lb.bpf.c after maps.h (lb_settings, backends, backend_gen, count()), parse.h (the TCP flags)
- * and hash.h (SipHash). docs/data-plane.md ("Connection tracking against crafted packets") and
+ * slot. The policy on top, which packets make, keep or change an entry, is conntrack.h's. The maps
+ * themselves, and what their entries are, are flow_map.h's. docs/data-plane.md ("Connection tracking against crafted packets") and
  * docs/security.md say what each rule defends against. */
 #ifndef LB_FLOW_H
 #define LB_FLOW_H
 
-/* Established flows -> the backend each started on (lb.h, struct lb_flow): buckets of
- * LB_FLOW_WAYS consecutive slots. Memory-mappable, so its values start on a page and every
- * bucket is one aligned cache line. One table shared by all CPUs: the packets of one flow can
- * arrive on different CPUs (RSS re-steering, a different receive queue after a link change).
- * Several load balancers behind ECMP do not share it at all; there the table, which they all
- * compute alike, keeps new flows consistent. User space sizes it (--conntrack-size). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_FLOW_WAYS);
-	__type(key, __u32);
-	__type(value, struct lb_flow);
-} flows SEC(".maps");
-
-/* Flows seen once (half-open), the same way; user space sizes it too. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_FLOW_WAYS);
-	__type(key, __u32);
-	__type(value, struct lb_flow);
-} flow_pending SEC(".maps");
-
-/* Where each entry of `flows` and of `flow_pending` hashes in the destination tables (lb.h,
- * struct lb_flow_record), at its entry's index: written by the program, read only by the
- * control plane's sweep of unstable slots, never on a packet's way. Sized like their tables. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_FLOW_WAYS);
-	__type(key, __u32);
-	__type(value, struct lb_flow_record);
-} flow_records SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_FLOW_WAYS);
-	__type(key, __u32);
-	__type(value, struct lb_flow_record);
-} pending_records SEC(".maps");
-
-/* The secret key of the flow tags (lb.h, struct lb_flow_key): written by user space before the
- * program is attached, pinned, and never changed while the data plane lives. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lb_flow_key);
-} flow_key SEC(".maps");
-
-/* Makes lb.h's bit names part of the object's BTF, for user space (see maps.h). */
-const volatile enum lb_flow_gen_bits lb_flow_gen_bits_btf = LB_FLOW_GEN_MASK;
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "lb.h"
+#include "maps.h"
+#include "hash.h"
+#include "flow_map.h"
 
 /* A flow's tag from its flow-hash lanes (hash.h): 2 lanes for IPv4, 5 for IPv6. */
 static __always_inline __u64 flow_tag16(__u64 a, __u64 b)

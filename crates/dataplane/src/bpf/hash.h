@@ -2,6 +2,10 @@
 #ifndef LB_HASH_H
 #define LB_HASH_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "lb.h"
+
 /* ---- hashing: the flow hash, documented in docs/data-plane.md ("Flow hash") and crates/core/src/flowhash.rs ----
  * The input is split into 8-byte little-endian lanes (a 4-byte input is one lane, zero-extended).
  * h = LB_HASH_SEED ^ (len * K); for each lane x: h = (h ^ x) * K; then MurmurHash3's 64-bit

@@ -7,6 +7,14 @@
 #ifndef LB_ICMP_H
 #define LB_ICMP_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "lb.h"
+#include "maps.h"
+#include "parse.h"
+#include "csum.h"
+
 #define ICMP_DEST_UNREACH_ 3
 #define ICMP_FRAG_NEEDED_ 4
 #define ICMPV6_DEST_UNREACH_ 1

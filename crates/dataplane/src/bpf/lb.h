@@ -6,6 +6,8 @@
 #ifndef LB_H
 #define LB_H
 
+#include "vmlinux.h"
+
 #ifndef LB_MAX_SERVICES
 #define LB_MAX_SERVICES 1024
 #endif

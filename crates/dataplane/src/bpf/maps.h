@@ -4,6 +4,10 @@
 #ifndef LB_MAPS_H
 #define LB_MAPS_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "lb.h"
+
 /* First lookup of every TCP/UDP packet: lb_vip_index(key) -> route id (see lb.h). An array,
  * so the verifier inlines the lookup: one load decides that most non-service traffic passes. */
 struct {

@@ -13,10 +13,16 @@
  * ID is longer than the nonce), each pass an AES-128 encryption. The AES is the kernel's
  * (bpf_crypto_encrypt/decrypt on an "ecb(aes)" context), made from the key by the syscall
  * program quic_set_key below and kept in quic_aes: the key schedule is computed once, outside
- * the packet path, and the cipher is the kernel's own (here aes-fixed-time, constant-time).
- * Included by lb.bpf.c after lb.h, parse.h and maps.h. */
+ * the packet path, and the cipher is the kernel's own (here aes-fixed-time, constant-time). */
 #ifndef LB_QUIC_H
 #define LB_QUIC_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "lb.h"
+#include "maps.h"
+#include "parse.h"
 
 extern struct bpf_crypto_ctx *bpf_crypto_ctx_create(const struct bpf_crypto_params *params, __u32 params__sz,
 						    int *err) __ksym __weak;

@@ -4,10 +4,18 @@
  * service's destination table its flow hash selects, which backend that slot holds, and sending
  * the frame there in the service's forwarding mode. Kept apart from the flow table (flow.h, conntrack.h),
  * which only decides which backend a flow keeps. Handlers return LB_SEND with their choice, and
- * lb_xdp() calls send() once.
- * Included by lb.bpf.c after lb.h, parse.h, maps.h, encap.h and frag.h, whose names it uses. */
+ * lb_xdp() calls send() once. */
 #ifndef LB_ROUTE_H
 #define LB_ROUTE_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "lb.h"
+#include "maps.h"
+#include "parse.h"
+#include "encap.h"
+#include "frag_map.h"
 
 /* The last 4 bytes of a service key (port, protocol, family) as one word in memory order. */
 static __always_inline __u32 key_tail(__u16 port_be, __u8 proto, __u8 family)

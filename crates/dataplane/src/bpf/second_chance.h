@@ -2,10 +2,19 @@
 /* Second chance on a backend (`lb decap --second-chance`, docs/fleet.md "Second chance"): where
  * a GUE packet's hop list is, whether this host holds the connection a packet belongs to (its
  * socket, a SYN cookie of its own, or for an ICMP error the connection it quotes), and sending a
- * packet it does not hold on to the next hop of its list. Included by decap.bpf.c after its maps,
- * dcount() and is_local(), whose names it uses; the rules it keeps are in decap.bpf.c's head. */
+ * packet it does not hold on to the next hop of its list. Its maps and
+ * lookups (dcount(), is_local()) are decap_maps.h's; the rules it keeps are in decap.bpf.c's
+ * head. */
 #ifndef LB_SECOND_CHANCE_H
 #define LB_SECOND_CHANCE_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "lb.h"
+#include "parse.h"
+#include "csum.h"
+#include "decap_maps.h"
 
 /* A second-chance hop list found in a GUE version 0 header: where its block (struct
  * lb_gue_hops) starts, as an offset from the frame's start (0: none). */
@@ -232,6 +241,131 @@ static __always_inline int holds_quoted(struct xdp_md *ctx, void *ic, void *end,
 	return mine || (ask_conntrack && tracked_here(ctx, &t, tlen));
 }
 
+/* Whether the packet inside (`inner`, of `family`) stays on this host rather than going on to
+ * the next hop: a fragment, anything not TCP, a SYN, a connection or SYN cookie of this host,
+ * an ICMP error about one of its connections (each counted as kept here), or a packet cut short
+ * (not counted: the stack judges it). Part of second_chance_for(). */
+static __always_inline int stays_here(struct xdp_md *ctx, void *inner, void *end, __u8 family)
+{
+	struct tcphdr *th;
+	__u8 nh;
+
+	if (family == LB_FAMILY_V4) {
+		struct iphdr *in = inner;
+
+		if ((void *)(in + 1) > end)
+			return 1;
+		/* A fragment: its ports, if any, are not where a header says; the stack reassembles
+		 * it here (an IPv6 fragment header is not TCP, below). */
+		if (in->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return dcount(LB_DECAP_HOP_LOCAL, 1);
+		nh = in->protocol;
+		th = inner + in->ihl * 4;
+	} else {
+		struct ipv6hdr *in = inner;
+
+		if ((void *)(in + 1) > end)
+			return 1;
+		nh = in->nexthdr;
+		th = (void *)(in + 1);
+	}
+	if (family == LB_FAMILY_V4 ? (void *)((struct iphdr *)inner + 1) > end : (void *)((struct ipv6hdr *)inner + 1) > end)
+		return 1;
+	/* An ICMP error about a connection (path MTU discovery's "too big") goes where the
+	 * connection is, like the connection's own packets. */
+	if (nh == (family == LB_FAMILY_V4 ? IPPROTO_ICMP : IPPROTO_ICMPV6_)) {
+		if ((void *)th + 8 > end || holds_quoted(ctx, th, end, family))
+			return dcount(LB_DECAP_HOP_LOCAL, 1);
+		return 0;
+	}
+	/* Not TCP (UDP has no connection to look for), or a SYN: here. */
+	if (nh != IPPROTO_TCP || (void *)(th + 1) > end || (th->syn && !th->ack))
+		return dcount(LB_DECAP_HOP_LOCAL, 1);
+	if (holds(ctx, inner, th, family))
+		return dcount(LB_DECAP_HOP_LOCAL, 1);
+	return 0;
+}
+
+/* The route lookup for sending the packet on to `hop`, from the address it came to (the outer
+ * header at `l3`): 0 when it cannot go on (cut short, or its hop limit spent: counted as
+ * exhausted). Routed as if this host sent it (from the loopback, ifindex 1 in every namespace):
+ * the helper answers only for an input device with forwarding on, and lb decap turns it on for
+ * the loopback, which no packet from outside arrives on, rather than for the interface, which
+ * would make the backend a router for whoever reaches it. Part of second_chance_for(). */
+static __always_inline int fib_from_here(void *l3, void *end, __u8 outer, const __u32 hop[4], struct bpf_fib_lookup *fib)
+{
+	fib->ifindex = 1;
+	fib->l4_protocol = IPPROTO_UDP;
+	if (outer == LB_FAMILY_V4) {
+		struct iphdr *ip = l3;
+
+		if ((void *)(ip + 1) > end)
+			return 0;
+		if (ip->ttl <= 1)
+			return dcount(LB_DECAP_HOP_EXHAUSTED, 0);
+		fib->family = AF_INET_;
+		fib->tos = ip->tos;
+		fib->tot_len = bpf_ntohs(ip->tot_len);
+		fib->ipv4_src = ip->daddr;
+		fib->ipv4_dst = hop[0];
+	} else {
+		struct ipv6hdr *ip6 = l3;
+
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		if (ip6->hop_limit <= 1)
+			return dcount(LB_DECAP_HOP_EXHAUSTED, 0);
+		fib->family = AF_INET6_;
+		fib->tot_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		__builtin_memcpy(fib->ipv6_src, &ip6->daddr, 16);
+		__builtin_memcpy(fib->ipv6_dst, hop, 16);
+	}
+	return 1;
+}
+
+/* Sends the packet on: from this host (the address the packet came to) to `hop`, one hop fewer
+ * to live, the list's index past it, to the MACs the route lookup gave. The UDP checksum is
+ * zero, as lb sends it. Part of second_chance_for(). */
+static __always_inline int send_on(struct xdp_md *ctx, __u32 l2len, const struct hops_at *h, const __u32 hop[4], __u8 outer,
+				   const struct bpf_fib_lookup *fib)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	void *l3 = data + l2len;
+	struct lb_gue_hops *gh = data + (h->off & 0xff);
+	__u32 here[4];
+
+	if ((void *)(gh + 1) > end || data + 14 > end)
+		return -1;
+	gh->next = h->next + 1;
+	if (outer == LB_FAMILY_V4) {
+		struct iphdr *ip = l3;
+		struct udphdr *udp = (void *)(ip + 1);
+
+		if ((void *)(udp + 1) > end)
+			return -1;
+		ip->saddr = ip->daddr;
+		ip->daddr = hop[0];
+		ip->ttl--;
+		ip->check = 0;
+		ip->check = ipv4_csum(ip);
+		udp->check = 0;
+	} else {
+		struct ipv6hdr *ip6 = l3;
+		struct udphdr *udp = (void *)(ip6 + 1);
+
+		if ((void *)(udp + 1) > end)
+			return -1;
+		__builtin_memcpy(here, &ip6->daddr, 16);
+		__builtin_memcpy(&ip6->saddr, here, 16);
+		__builtin_memcpy(&ip6->daddr, hop, 16);
+		ip6->hop_limit--;
+		udp->check = 0;
+	}
+	__builtin_memcpy(data, fib->dmac, 6);
+	__builtin_memcpy(data + 6, fib->smac, 6);
+	return dcount(LB_DECAP_HOP_SENT_ON, XDP_TX);
+}
+
 /* Second chance for a packet whose hop list is at `h` and whose inner packet (of `family`) is
  * at l3 + strip, the outer header (of `outer`) at l3: an XDP action when the packet was sent on
  * (or dropped), -1 when it is for this host. */
@@ -239,47 +373,13 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 					      const struct hops_at *h)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-	void *l3 = data + l2len, *inner = l3 + strip;
 	struct bpf_fib_lookup fib = {};
 	struct lb_gue_hops *gh;
-	struct tcphdr *th;
-	__u32 hop[4] = {}, here[4] = {};
-	__u8 nh;
+	__u32 hop[4] = {};
 	int rc;
 
-	if (family == LB_FAMILY_V4) {
-		struct iphdr *in = inner;
-
-		if ((void *)(in + 1) > end)
-			return -1;
-		/* A fragment: its ports, if any, are not where a header says; the stack reassembles
-		 * it here (an IPv6 fragment header is not TCP, below). */
-		if (in->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-		nh = in->protocol;
-		th = inner + in->ihl * 4;
-	} else {
-		struct ipv6hdr *in = inner;
-
-		if ((void *)(in + 1) > end)
-			return -1;
-		nh = in->nexthdr;
-		th = (void *)(in + 1);
-	}
-	if (family == LB_FAMILY_V4 ? (void *)((struct iphdr *)inner + 1) > end : (void *)((struct ipv6hdr *)inner + 1) > end)
+	if (stays_here(ctx, data + l2len + strip, end, family))
 		return -1;
-	/* An ICMP error about a connection (path MTU discovery's "too big") goes where the
-	 * connection is, like the connection's own packets. */
-	if (nh == (family == LB_FAMILY_V4 ? IPPROTO_ICMP : IPPROTO_ICMPV6_)) {
-		if ((void *)th + 8 > end || holds_quoted(ctx, th, end, family))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-	} else {
-		/* Not TCP (UDP has no connection to look for), or a SYN: here. */
-		if (nh != IPPROTO_TCP || (void *)(th + 1) > end || (th->syn && !th->ack))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-		if (holds(ctx, inner, th, family))
-			return dcount(LB_DECAP_HOP_LOCAL, -1);
-	}
 	if (h->next >= h->count || h->next >= LB_GUE_MAX_HOPS)
 		return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
 	gh = data + (h->off & 0xff);
@@ -309,36 +409,8 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 	 * else whoever may send it GUE could have it send packets anywhere, from its address. */
 	if (!is_allowed(hop, outer))
 		return dcount(LB_DECAP_HOP_REFUSED, -1);
-	/* Routed as if this host sent it (from the loopback, ifindex 1 in every namespace): the
-	 * helper answers only for an input device with forwarding on, and lb decap turns it on for
-	 * the loopback, which no packet from outside arrives on, rather than for the interface,
-	 * which would make the backend a router for whoever reaches it. */
-	fib.ifindex = 1;
-	fib.l4_protocol = IPPROTO_UDP;
-	if (outer == LB_FAMILY_V4) {
-		struct iphdr *ip = l3;
-
-		if ((void *)(ip + 1) > end)
-			return -1;
-		if (ip->ttl <= 1)
-			return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-		fib.family = AF_INET_;
-		fib.tos = ip->tos;
-		fib.tot_len = bpf_ntohs(ip->tot_len);
-		fib.ipv4_src = ip->daddr;
-		fib.ipv4_dst = hop[0];
-	} else {
-		struct ipv6hdr *ip6 = l3;
-
-		if ((void *)(ip6 + 1) > end)
-			return -1;
-		if (ip6->hop_limit <= 1)
-			return dcount(LB_DECAP_HOP_EXHAUSTED, -1);
-		fib.family = AF_INET6_;
-		fib.tot_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-		__builtin_memcpy(fib.ipv6_src, &ip6->daddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, hop, 16);
-	}
+	if (!fib_from_here(data + l2len, end, outer, hop, &fib))
+		return -1;
 	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	/* Out of the interface it came in on, to the next hop's MAC (XDP_TX): a route by another
 	 * interface (a VLAN device, a bond, another NIC) would need a redirect that drops the
@@ -364,42 +436,7 @@ static __always_inline int second_chance_for(struct xdp_md *ctx, __u32 l2len, __
 			return dcount(LB_DECAP_HOP_NO_ROUTE, -1);
 		return dcount(LB_DECAP_HOP_UNRESOLVED, XDP_DROP);
 	}
-	/* Sent on: from this host (the address the packet came to) to the hop, one hop fewer to
-	 * live, the list's index past it. The UDP checksum is zero, as lb sends it. */
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	l3 = data + l2len;
-	gh = data + (h->off & 0xff);
-	if ((void *)(gh + 1) > end || data + 14 > end)
-		return -1;
-	gh->next = h->next + 1;
-	if (outer == LB_FAMILY_V4) {
-		struct iphdr *ip = l3;
-		struct udphdr *udp = (void *)(ip + 1);
-
-		if ((void *)(udp + 1) > end)
-			return -1;
-		ip->saddr = ip->daddr;
-		ip->daddr = hop[0];
-		ip->ttl--;
-		ip->check = 0;
-		ip->check = ipv4_csum(ip);
-		udp->check = 0;
-	} else {
-		struct ipv6hdr *ip6 = l3;
-		struct udphdr *udp = (void *)(ip6 + 1);
-
-		if ((void *)(udp + 1) > end)
-			return -1;
-		__builtin_memcpy(here, &ip6->daddr, 16);
-		__builtin_memcpy(&ip6->saddr, here, 16);
-		__builtin_memcpy(&ip6->daddr, hop, 16);
-		ip6->hop_limit--;
-		udp->check = 0;
-	}
-	__builtin_memcpy(data, fib.dmac, 6);
-	__builtin_memcpy(data + 6, fib.smac, 6);
-	return dcount(LB_DECAP_HOP_SENT_ON, XDP_TX);
+	return send_on(ctx, l2len, h, hop, outer, &fib);
 }
 
 #endif /* LB_SECOND_CHANCE_H */

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Connection tracking's own maps, beside the flow tables (flow_map.h): the stable path's
+ * sampler and the filter of young flows. Their use is conntrack.h's. */
+#ifndef LB_CONNTRACK_MAP_H
+#define LB_CONNTRACK_MAP_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "lb.h"
+
+/* Each CPU's state of the stable path's sampler (xorshift32): the kernel's bpf_get_prandom_u32()
+ * measured about 70 ns a call here, more than the lookup it lets a packet skip. Never pinned:
+ * a new program starts its own sequence. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} ct_sampler SEC(".maps");
+
+/* Recent SYNs on the stable path, as a filter: cell `hash % LB_CT_YOUNG` holds the low 16 bits
+ * of the clock (ticks, flow.h) when a SYN of a flow hashing to it last came. A flow whose cell
+ * was stamped within two refresh intervals (about 2 s) is *young*: its packets take the whole
+ * path, so that its next packet makes its entry and one a refresh interval later confirms it, as
+ * every packet did before stable slots (a confirmed entry is what a pair flood cannot displace).
+ * Only times are kept, no flow's hash: another flow's SYN on the same cell only makes it younger,
+ * so no SYN, nor a flood of them, can make a young flow old; a flood makes more flows young
+ * (they pay the lookup, as before stable slots), never fewer. A cell stamped 2^16 ticks (about
+ * 18 min) ago, or never (0 after a load), reads as young for about 2 s in every 18 min, all
+ * such cells at once: their flows pay the lookup then, which is harmless. 32 cells of 2 bytes
+ * to a value (a cache line), 2 MiB in all: with 2^16 cells the 1% of SYNs in the many-flow
+ * benchmark kept most cells recent (only 7% of a million flows' packets went the stable way),
+ * with 2^20 79% did (docs/benchmarks.md). Shared by all CPUs, not per
+ * CPU: a flow's packets may be processed on another CPU than its SYN (on a veth, the
+ * sender's). Never pinned. */
+#define LB_CT_YOUNG (1u << 20)
+#define LB_CT_YOUNG_LINE 32
+struct lb_young {
+	__u16 at[LB_CT_YOUNG_LINE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_CT_YOUNG / LB_CT_YOUNG_LINE);
+	__type(key, __u32);
+	__type(value, struct lb_young);
+} ct_young SEC(".maps");
+
+#endif /* LB_CONNTRACK_MAP_H */
