@@ -1,8 +1,8 @@
 //! What `lb` says on stderr while it runs, and how it words an OS error.
 //!
 //! Every room of the binary speaks; this module sits below all of them, so that none has to
-//! import another room just to log (announce.rs and persist.rs once imported attach.rs for this,
-//! while attach.rs imported both: a cycle).
+//! import another room just to log (the daemon's announce and pinning rooms once imported
+//! `lb attach`'s own module for this, while it imported both: a cycle).
 
 /// One line on stderr: `lb: ` and the message.
 pub(crate) fn log(msg: impl AsRef<str>) {
@@ -22,6 +22,6 @@ pub(crate) fn since_text(ms: u64) -> String {
     if ms == 0 {
         return "-".to_string();
     }
-    let ago = lb::dataplane::pin::now_ms().saturating_sub(ms) / 1000;
+    let ago = lb::clock::unix_ms().saturating_sub(ms) / 1000;
     format!("{ago}s ago")
 }

@@ -10,7 +10,6 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 mod daemon;
 mod log;
-mod plane;
 mod settings;
 mod xdp;
 

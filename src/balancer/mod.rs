@@ -21,7 +21,7 @@ use crate::plan;
 use crate::stats::{BackendCounters, BackendStatus, PlaneStatus, ServiceCounters, ServiceStatus, Snapshot, Traffic};
 use crate::table;
 
-mod stable;
+mod sweep;
 
 /// A data plane and what the controller knows of it.
 pub struct Balancer {
@@ -33,7 +33,7 @@ pub struct Balancer {
     /// Reuses ring tokens from one change to the next.
     builder: table::Builder,
     /// Which slots are marked unstable (crates/core/src/stable.rs).
-    marks: stable::Marks,
+    marks: sweep::Marks,
 }
 
 /// What one [`Balancer::apply`] did.

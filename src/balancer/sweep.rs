@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use anyhow::Result;
 
 use crate::config::{Forward, HashMode};
-use crate::dataplane::{stable as marks, Dataplane};
+use crate::dataplane::{slot_marks as marks, Dataplane};
 use crate::plan::{LiveService, Op, RouteKey};
 use crate::stable::{self, Entry};
 

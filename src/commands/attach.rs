@@ -15,10 +15,10 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 
 use lb::config::{self, Pool};
+use lb::dataplane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_CAPACITY};
 
 use super::values::{address_prefix, on_off, seconds};
 use crate::daemon;
-use crate::plane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_CAPACITY};
 use crate::settings::Settings;
 use crate::xdp::ModeArg;
 

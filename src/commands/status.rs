@@ -6,11 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use lb::dataplane::{pin, PinnedMaps};
+use lb::dataplane::{layout_hash, pin, PinnedMaps};
 
 use super::pinned::{controller_holds, find_plane};
 use crate::log::since_text;
-use crate::plane::layout_hash;
 use crate::xdp::check_privileges;
 
 #[derive(clap::Args)]

@@ -12,7 +12,7 @@ use lb::config::Pool;
 use lb::dataplane::link::Interface;
 
 use crate::log::log;
-use crate::plane::Plane;
+use lb::balancer::Balancer;
 
 /// Outer sources of encapsulated packets, per family, with how many leading bits stay fixed.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -107,7 +107,7 @@ pub(super) struct Encap {
 
 impl Encap {
     /// Gives the data plane its first sources and MTU.
-    pub(super) fn start(dp: &mut Plane, sources: EncapSources, mtu: u32) -> Result<Encap> {
+    pub(super) fn start(dp: &mut Balancer, sources: EncapSources, mtu: u32) -> Result<Encap> {
         dp.set_mtu(mtu)?;
         dp.set_encap_sources(sources.v4, sources.v6)?;
         Ok(Encap { sources, mtu })
@@ -119,7 +119,7 @@ impl Encap {
     }
 
     /// Takes a reload's sources, when they differ.
-    pub(super) fn update(&mut self, dp: &mut Plane, sources: EncapSources) -> Result<()> {
+    pub(super) fn update(&mut self, dp: &mut Balancer, sources: EncapSources) -> Result<()> {
         if sources != self.sources {
             dp.set_encap_sources(sources.v4, sources.v6)?;
             log(format!("encapsulated packets: {}", describe_sources(&sources)));
@@ -129,7 +129,7 @@ impl Encap {
     }
 
     /// Re-reads the interface's MTU and follows a change.
-    pub(super) fn refresh_mtu(&mut self, dp: &mut Plane, ifc: &Interface) -> Result<()> {
+    pub(super) fn refresh_mtu(&mut self, dp: &mut Balancer, ifc: &Interface) -> Result<()> {
         let mtu = interface_mtu(ifc);
         if mtu != self.mtu {
             dp.set_mtu(mtu)?;

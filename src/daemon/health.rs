@@ -1,4 +1,4 @@
-//! Health checks of `lb attach`: when each checked backend is probed, what its results make of
+//! HealthChecks checks of `lb attach`: when each checked backend is probed, what its results make of
 //! it (up after `rise` good probes, down after `fall` failed ones), and the pool the data plane
 //! serves with that applied: a down backend's slots go to the others, and a service whose every
 //! backend is down is served with all of them (fail open). The probes themselves run on the
@@ -19,10 +19,10 @@ use super::describe::{backend_label, label_of};
 use super::probe::{probe, Failure, Key, Prober};
 use crate::log::log;
 
-/// Health probes running at once, at most.
+/// HealthChecks probes running at once, at most.
 const PROBE_WORKERS: usize = 16;
 
-pub(super) struct Health {
+pub(super) struct HealthChecks {
     map: HealthMap,
     prober: Prober<Result<(), Failure>>,
     /// When each checked backend is probed next.
@@ -31,21 +31,21 @@ pub(super) struct Health {
     probes_due: Option<Instant>,
     /// Services whose every backend is down, served as if all were up.
     failing_open: Vec<String>,
-    /// Backends that came back up since the last [`Health::take_recovered`].
+    /// Backends that came back up since the last [`HealthChecks::take_recovered`].
     recovered: Vec<Key>,
 }
 
-impl AsFd for Health {
+impl AsFd for HealthChecks {
     /// Readable when probe results arrived.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.prober.as_fd()
     }
 }
 
-impl Health {
+impl HealthChecks {
     /// Every backend starts healthy, and every checked one is probed at once.
-    pub(super) fn new() -> Result<Health> {
-        Ok(Health {
+    pub(super) fn new() -> Result<HealthChecks> {
+        Ok(HealthChecks {
             map: HealthMap::new(),
             prober: Prober::new(PROBE_WORKERS)?,
             next_probe: HashMap::new(),
@@ -150,7 +150,7 @@ impl Health {
     }
 
     /// A new pool is being applied: the health of backends that stay is kept, new ones start
-    /// healthy and are probed at once. Returns the health as it was, for [`Health::restore`]
+    /// healthy and are probed at once. Returns the health as it was, for [`HealthChecks::restore`]
     /// when the pool is refused.
     pub(super) fn renew(&mut self, pool: &Pool) -> HealthMap {
         let kept = self.map.clone();

@@ -26,7 +26,8 @@ use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, Service
 use lb::stats::Snapshot;
 
 use super::http::{self, Answer, Request};
-use crate::plane::{flow_table_slots, Counters, Plane};
+use lb::balancer::Balancer;
+use lb::dataplane::{flow_table_slots, CounterMaps};
 
 /// How often the status page's traffic rates are sampled.
 const SAMPLE: Duration = Duration::from_secs(2);
@@ -173,7 +174,7 @@ impl Metrics {
 /// The data plane's part of a scrape, encoded by lb::metrics.
 #[derive(Debug)]
 struct Scrape {
-    maps: Counters,
+    maps: CounterMaps,
     model: Arc<Mutex<Model>>,
     flows: Mutex<(Option<Instant>, Option<u64>)>,
 }
@@ -201,7 +202,7 @@ impl prometheus_client::collector::Collector for Scrape {
 }
 
 /// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
-pub(super) fn start(addr: SocketAddr, maps: Counters, model: Model) -> Result<Metrics> {
+pub(super) fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metrics> {
     let listener = TcpListener::bind(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
     let m = Metrics::new(model);
     let model = m.model.clone();
@@ -334,12 +335,12 @@ impl Publisher {
     }
 
     /// Publishes what is configured and served.
-    pub(super) fn publish(&self, dp: &Plane, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) {
+    pub(super) fn publish(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) {
         let Some(m) = &self.metrics else { return };
         m.publish(self.model(dp, configured, health, load));
     }
 
-    fn model(&self, dp: &Plane, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) -> Model {
+    fn model(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) -> Model {
         let mut services = Vec::new();
         for live in dp.installed() {
             let Some(conf) = configured.service(&live.name) else { continue };

@@ -31,7 +31,8 @@
 //! but for describe.rs and probe.rs); state.rs imports rooms; reload.rs imports state.rs;
 //! startup.rs imports state.rs and the rooms; serve.rs imports state.rs and reload.rs; this
 //! module imports startup, serve, state, reload and pinning. The data plane
-//! is `crate::plane::Plane` everywhere.
+//! is driven through `lb::balancer::Balancer` everywhere; the few names it needs besides
+//! (`Reuse`, `CounterMaps`, the defaults) come from `lb::dataplane` where they are used.
 
 mod agents;
 mod announce;

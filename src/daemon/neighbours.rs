@@ -22,7 +22,7 @@ use lb::dataplane::link::{self, mac_text, Interface};
 use lb::dataplane::netlink::{self, Neighbour};
 
 use crate::log::{log, os_text};
-use crate::plane::Plane;
+use lb::balancer::Balancer;
 
 /// How long a reload waits for the MACs of backends it adds.
 const RELOAD_RESOLVE: Duration = Duration::from_millis(100);
@@ -220,7 +220,7 @@ impl Neighbours {
     }
 
     /// Tells the data plane each backend's neighbour, and keeps the map.
-    pub(super) fn set_via(&mut self, dp: &mut Plane, via: HashMap<IpAddr, IpAddr>) -> Result<()> {
+    pub(super) fn set_via(&mut self, dp: &mut Balancer, via: HashMap<IpAddr, IpAddr>) -> Result<()> {
         for (&addr, &hop) in &via {
             dp.set_via(addr, hop)?;
         }
@@ -239,7 +239,7 @@ impl Neighbours {
     }
 
     /// Takes the neighbour changes the kernel sent; re-reads the table if some were lost.
-    pub(super) fn on_events(&mut self, dp: &mut Plane, ifc: &Interface, nl: &mut netlink::Socket) -> Result<()> {
+    pub(super) fn on_events(&mut self, dp: &mut Balancer, ifc: &Interface, nl: &mut netlink::Socket) -> Result<()> {
         match self.events.drain_neighbour_events() {
             Ok(list) if list.is_empty() => {}
             Ok(list) => {
@@ -257,14 +257,14 @@ impl Neighbours {
     }
 
     /// Re-reads the neighbour table for every neighbour of the pool.
-    pub(super) fn refresh(&mut self, dp: &mut Plane, ifc: &Interface, nl: &mut netlink::Socket) -> Result<()> {
+    pub(super) fn refresh(&mut self, dp: &mut Balancer, ifc: &Interface, nl: &mut netlink::Socket) -> Result<()> {
         refresh_neighbours(dp, ifc, nl, &self.list, &mut self.failing)
     }
 
     /// Follows the routing table: an encapsulated backend whose next hop changed is sent to the
     /// new one (whose MAC the neighbour refresh then resolves). A backend that lost its route
     /// keeps its last next hop, with a warning.
-    pub(super) fn follow_routes(&mut self, dp: &mut Plane, ifc: &Interface, nl: &mut netlink::Socket, pool: &Pool) -> Result<()> {
+    pub(super) fn follow_routes(&mut self, dp: &mut Balancer, ifc: &Interface, nl: &mut netlink::Socket, pool: &Pool) -> Result<()> {
         let mut seen = HashSet::new();
         let encapsulated: Vec<IpAddr> = pool
             .services
@@ -300,7 +300,7 @@ impl Neighbours {
 
     /// MACs for neighbours the data plane does not know yet: from the neighbour table, else
     /// primed and waited for briefly; still-unknown ones resolve later through events.
-    pub(super) fn resolve_new(&mut self, dp: &mut Plane, ifc: &Interface, nl: &mut netlink::Socket, wanted: &[IpAddr]) -> Result<()> {
+    pub(super) fn resolve_new(&mut self, dp: &mut Balancer, ifc: &Interface, nl: &mut netlink::Socket, wanted: &[IpAddr]) -> Result<()> {
         let missing: Vec<IpAddr> = wanted.iter().copied().filter(|a| dp.mac(*a).is_none()).collect();
         if missing.is_empty() {
             return Ok(());
@@ -323,7 +323,7 @@ impl Neighbours {
 
 /// A neighbour change for a backend address: take a new MAC; on loss, keep the last known one
 /// (the backend most likely still has it) and ask the kernel to resolve again.
-fn apply_neighbour(dp: &mut Plane, n: &Neighbour, failing: &mut HashSet<IpAddr>) -> Result<()> {
+fn apply_neighbour(dp: &mut Balancer, n: &Neighbour, failing: &mut HashSet<IpAddr>) -> Result<()> {
     match n.mac {
         Some(mac) => {
             failing.remove(&n.addr);
@@ -349,7 +349,7 @@ fn apply_neighbour(dp: &mut Plane, n: &Neighbour, failing: &mut HashSet<IpAddr>)
 
 /// Re-reads the neighbour table: takes any MAC the events missed, and primes backends without a
 /// usable entry or with a stale one (which the kernel then re-confirms).
-fn refresh_neighbours(dp: &mut Plane, ifc: &Interface, nl: &mut netlink::Socket, backends: &[IpAddr], failing: &mut HashSet<IpAddr>) -> Result<()> {
+fn refresh_neighbours(dp: &mut Balancer, ifc: &Interface, nl: &mut netlink::Socket, backends: &[IpAddr], failing: &mut HashSet<IpAddr>) -> Result<()> {
     let table: HashMap<IpAddr, Neighbour> =
         nl.neighbours(ifc.ifindex).context("reading the neighbour table")?.into_iter().map(|n| (n.addr, n)).collect();
     for &addr in backends {

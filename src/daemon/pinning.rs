@@ -23,7 +23,8 @@ use lb::dataplane::{pin, PinnedMaps};
 use super::describe::describe_touched;
 use crate::log::log;
 use crate::log::since_text;
-use crate::plane::{layout_hash, Plane, Reuse};
+use lb::balancer::Balancer;
+use lb::dataplane::{layout_hash, Reuse};
 
 /// A pinned data plane found for the interface, to be adopted.
 pub(super) struct Found {
@@ -118,10 +119,10 @@ impl Attachment {
 
 /// Pins a data plane this process just attached: its maps, its link, and lb_meta naming this
 /// process as its controller.
-pub(super) fn pin_new(dp: &Plane, p: &Pinning, xdp: &link::XdpLink, ifindex: u32, started_ms: u64) -> Result<()> {
+pub(super) fn pin_new(dp: &Balancer, p: &Pinning, xdp: &link::XdpLink, ifindex: u32, started_ms: u64) -> Result<()> {
     dp.pin_maps(&p.dir, None)?;
     pin::pin_fd(&xdp.as_fd(), &p.dir.join(pin::LINK))?;
-    dp.write_meta(pin::now_ms(), Some((std::process::id(), started_ms)), ifindex)?;
+    dp.write_meta(lb::clock::unix_ms(), Some((std::process::id(), started_ms)), ifindex)?;
     log(format!("pinned at {}: the data plane stays attached and forwarding when this process exits", p.dir.display()));
     Ok(())
 }
@@ -133,9 +134,9 @@ pub(super) fn pin_new(dp: &Plane, p: &Pinning, xdp: &link::XdpLink, ifindex: u32
 /// Adopts the pinned data plane and installs the pool `served` makes of it (given the plane as
 /// read back: a restart goes on from the weights it serves).
 pub(super) fn adopt(
-    dp: &mut Plane,
+    dp: &mut Balancer,
     pool: &Pool,
-    served: impl FnOnce(&Plane) -> Pool,
+    served: impl FnOnce(&Balancer) -> Pool,
     ifc: &Interface,
     macs: &HashMap<IpAddr, [u8; 6]>,
     p: &Pinning,
@@ -174,14 +175,14 @@ pub(super) fn adopt(
         },
         describe_touched(&applied.touched),
         t0.elapsed().as_secs_f64() * 1e3,
-        pin::now_ms().saturating_sub(started_ms)
+        lb::clock::unix_ms().saturating_sub(started_ms)
     ));
     Ok(Attachment::Pinned(f.link))
 }
 
 /// At the end, with --pin: the data plane stays, with no controller in its lb_meta and the
 /// announce device recorded for `lb detach` (0: none). Returns what the last log line says.
-pub(super) fn leave(dp: &Plane, p: &Pinning, ifc: &Interface, announce_ifindex: u32) -> Result<String> {
+pub(super) fn leave(dp: &Balancer, p: &Pinning, ifc: &Interface, announce_ifindex: u32) -> Result<String> {
     dp.write_meta(attached_ms_of(&p.dir), None, ifc.ifindex)?;
     dp.set_announce_ifindex(announce_ifindex)?;
     Ok(format!(

@@ -20,8 +20,29 @@ use super::describe::describe_touched;
 use super::encap::{sources_for, EncapSources};
 use super::metrics_http::ReloadResult;
 use super::neighbours::{distinct_neighbours, next_hops};
-use super::state::Daemon;
+use super::state::{Daemon, Install};
 use crate::log::log;
+
+/// Why the pool file is read again: a word of the reload log, and SIGHUP's own answer when the
+/// file is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    Sighup,
+    FileChanged,
+    WatchRearmed,
+    Periodic,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Cause::Sighup => "SIGHUP",
+            Cause::FileChanged => "file changed",
+            Cause::WatchRearmed => "watch re-armed",
+            Cause::Periodic => "periodic check",
+        })
+    }
+}
 
 pub(super) struct Reloader {
     /// Digest of the file content last read (applied or refused): the same content again is
@@ -52,7 +73,7 @@ impl Reloader {
     }
 
     /// Re-reads the pool file by path and, when its content changed and is valid, applies it.
-    pub(super) fn reload(&mut self, d: &mut Daemon, why: &str) -> Result<()> {
+    pub(super) fn reload(&mut self, d: &mut Daemon, why: Cause) -> Result<()> {
         let started = Instant::now();
         let Some((pool, bytes)) = self.read(d, why) else { return Ok(()) };
         let Some((via, sources)) = check(d, why, &pool, &bytes) else { return Ok(()) };
@@ -61,7 +82,7 @@ impl Reloader {
 
     /// The file's new content, parsed; None when it cannot be read, is unchanged or is invalid
     /// (each said once).
-    fn read(&mut self, d: &Daemon, why: &str) -> Option<(Pool, Vec<u8>)> {
+    fn read(&mut self, d: &Daemon, why: Cause) -> Option<(Pool, Vec<u8>)> {
         let path = &d.settings.config;
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
@@ -78,7 +99,7 @@ impl Reloader {
         let digest = content_digest(path, &bytes);
         if digest == self.content {
             d.metrics.reload(ReloadResult::Unchanged, None);
-            if why == "SIGHUP" {
+            if why == Cause::Sighup {
                 log(format!("reload (SIGHUP): {} is unchanged", path.display()));
             }
             return None;
@@ -97,7 +118,7 @@ impl Reloader {
 
 /// What this host needs to serve the new pool (each backend's neighbour, the encapsulation
 /// sources), or None when it cannot, with every reason logged.
-fn check(d: &mut Daemon, why: &str, pool: &Pool, bytes: &[u8]) -> Option<(HashMap<IpAddr, IpAddr>, EncapSources)> {
+fn check(d: &mut Daemon, why: Cause, pool: &Pool, bytes: &[u8]) -> Option<(HashMap<IpAddr, IpAddr>, EncapSources)> {
     let text = String::from_utf8_lossy(bytes);
     let serving: Vec<IpAddr> = d.configured.services.iter().map(|s| s.vip).collect();
     let (problems, via) = next_hops(&d.settings.config, &text, pool, &d.ifc, &mut d.nl, &serving, d.settings.announce.as_deref());
@@ -122,7 +143,7 @@ fn check(d: &mut Daemon, why: &str, pool: &Pool, bytes: &[u8]) -> Option<(HashMa
 /// Hands a checked pool on. VIPs it drops are withdrawn before their services go, VIPs it adds
 /// announced once they are served. If the data plane refuses it, the pool and health as they
 /// were stay.
-fn apply(d: &mut Daemon, why: &str, pool: Pool, via: HashMap<IpAddr, IpAddr>, sources: EncapSources, started: Instant) -> Result<()> {
+fn apply(d: &mut Daemon, why: Cause, pool: Pool, via: HashMap<IpAddr, IpAddr>, sources: EncapSources, started: Instant) -> Result<()> {
     d.encap.update(&mut d.dp, sources)?;
     let wanted = distinct_neighbours(&pool, &via);
     d.neighbours.set_via(&mut d.dp, via)?;
@@ -135,7 +156,7 @@ fn apply(d: &mut Daemon, why: &str, pool: Pool, via: HashMap<IpAddr, IpAddr>, so
         let keep: BTreeSet<IpAddr> = vips_of(&pool).intersection(&vips_of(&previous)).copied().collect();
         a.sync(&mut d.nl, &keep)?;
     }
-    match d.install_effective("reload") {
+    match d.install_effective(Install::Reload) {
         Ok(Some(touched)) => {
             if let Some(a) = d.announcer.as_mut() {
                 a.sync(&mut d.nl, &vips_of(&pool))?;

@@ -11,7 +11,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 
-use super::reload::Reloader;
+use super::reload::{Cause, Reloader};
 use super::state::Daemon;
 use super::stats::StatsPrinter;
 use super::watch::{Debounce, Watcher};
@@ -58,7 +58,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
 
         while let Ok(Some(sig)) = signals.read_signal() {
             match Signal::try_from(sig.ssi_signo as i32) {
-                Ok(Signal::SIGHUP) => reloader.reload(d, "SIGHUP")?,
+                Ok(Signal::SIGHUP) => reloader.reload(d, Cause::Sighup)?,
                 Ok(s) => return Ok(s.as_str().to_string()),
                 Err(_) => return Ok("a signal".to_string()),
             }
@@ -77,7 +77,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
             }
         }
         if debounce.fire(Instant::now()) {
-            reloader.reload(d, "file changed")?;
+            reloader.reload(d, Cause::FileChanged)?;
         }
 
         let now = Instant::now();
@@ -99,7 +99,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         if now >= next_recheck {
             next_recheck = now + d.settings.recheck_interval;
             let rearmed = watcher.as_mut().is_some_and(|w| w.arm());
-            reloader.reload(d, if rearmed { "watch re-armed" } else { "periodic check" })?;
+            reloader.reload(d, if rearmed { Cause::WatchRearmed } else { Cause::Periodic })?;
         }
         if now >= next_refresh || d.neighbours.take_route_changes() {
             if now >= next_refresh {

@@ -13,21 +13,21 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use lb::config::Pool;
 use lb::dataplane::link::{self, mac_text, Interface};
-use lb::dataplane::{netlink, pin};
+use lb::dataplane::netlink;
 use lb::{report, table};
 
 use super::announce::{vips_of, Announcer};
 use super::describe::backend_label;
 use super::encap::{interface_mtu, sources_for, Encap, EncapSources};
 use super::agents::Agents;
-use super::health::Health;
+use super::health::HealthChecks;
 use super::metrics_http::{self, Metrics, Publisher};
 use super::neighbours::{distinct_neighbours, next_hops, resolve_initial, Neighbours};
 use super::pinning::{self, Attachment, Found, Pinning};
 use super::state::Daemon;
 use super::watch::Watcher;
 use crate::log::log;
-use crate::plane::Plane;
+use lb::balancer::Balancer;
 use crate::settings::Settings;
 use crate::xdp::{already_attached, attach_with_mode, check_privileges};
 
@@ -72,7 +72,9 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
     };
     // Watch before loading: a change made while we attach is seen.
     let watcher = watch(settings);
-    let (mut dp, fresh, metrics) = load(settings, pinning.as_ref().zip(found.as_ref()))?;
+    let (mut dp, fresh) = load(settings, pinning.as_ref().zip(found.as_ref()))?;
+    // Bound before anything is attached or changed: a bad address or a port in use stops here.
+    let metrics = start_metrics(settings, &dp)?;
     let encap = Encap::start(&mut dp, sources, interface_mtu(&ifc))?;
     let mut neighbours = Neighbours::new(events, list);
     neighbours.set_via(&mut dp, via)?;
@@ -83,7 +85,7 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
     let served = lb::load::at_full_capacity(&pool);
     let attachment = match (&pinning, found) {
         (Some(p), Some(f)) => {
-            let seeded = |dp: &Plane| {
+            let seeded = |dp: &Balancer| {
                 agents.seed(&pool, dp.installed());
                 agents.apply(&pool, &pool)
             };
@@ -106,14 +108,14 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
         if settings.pin.is_some() { "stops lb and leaves the data plane pinned (lb detach removes it)" } else { "detaches" }
     ));
     let metrics = Publisher::new(metrics, &ifc.name, attachment.mode(), settings.conntrack_size);
-    let daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: Health::new()?, agents, announcer, metrics };
+    let daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: HealthChecks::new()?, agents, announcer, metrics };
     Ok(Some(Started { daemon, attachment, pinning, signals, watcher }))
 }
 
 /// Every check that can fail before anything is changed (but the --announce device, created
 /// if missing).
 fn check(settings: &Settings, pool: &Pool, content: &[u8]) -> Result<Checked> {
-    let started_ms = pin::now_ms();
+    let started_ms = lb::clock::unix_ms();
     check_privileges()?;
     let ifc = link::interface(&settings.iface)?;
     let (pinning, found) = match &settings.pin {
@@ -169,25 +171,29 @@ fn watch(settings: &Settings) -> Option<Watcher> {
     }
 }
 
-/// Loads the program (reusing a pinned plane's maps where there is one), starts the metrics
-/// server and sets the flow-tracking settings. Returns the maps made fresh (not reused).
-fn load(settings: &Settings, pinned: Option<(&Pinning, &Found)>) -> Result<(Plane, Vec<&'static str>, Option<Metrics>)> {
+/// Loads the program (reusing a pinned plane's maps where there is one) and sets the
+/// flow-tracking settings. Returns the maps made fresh (not reused).
+fn load(settings: &Settings, pinned: Option<(&Pinning, &Found)>) -> Result<(Balancer, Vec<&'static str>)> {
     let reuse = pinned.map(|(p, f)| pinning::reuse(p, f));
-    let (mut dp, fresh) = Plane::load_with(settings.table_capacity, settings.conntrack_size, reuse.as_ref())?;
-    // Bound before anything is attached or changed: a bad address or a port in use stops here.
-    let metrics = match settings.metrics {
-        Some(addr) => Some(metrics_http::start(addr, dp.counter_maps()?, lb::metrics::Model::default())?),
-        None => None,
-    };
+    let (mut dp, fresh) = Balancer::load_with(settings.table_capacity, settings.conntrack_size, reuse.as_ref())?;
     dp.set_conntrack_timeouts(settings.conntrack_timeouts.0, settings.conntrack_timeouts.1)?;
     dp.set_conntrack_guard(settings.conntrack_guard)?;
-    Ok((dp, fresh, metrics))
+    Ok((dp, fresh))
+}
+
+/// `--metrics`: the server bound and started on the loaded plane's counter maps (None without
+/// the flag).
+fn start_metrics(settings: &Settings, dp: &Balancer) -> Result<Option<Metrics>> {
+    match settings.metrics {
+        Some(addr) => Ok(Some(metrics_http::start(addr, dp.counter_maps()?, lb::metrics::Model::default())?)),
+        None => Ok(None),
+    }
 }
 
 /// Fills the maps and attaches the program through a new link (pinned, with --pin).
 fn attach_new(
     settings: &Settings,
-    dp: &mut Plane,
+    dp: &mut Balancer,
     pool: &Pool,
     ifc: &Interface,
     macs: &HashMap<IpAddr, [u8; 6]>,

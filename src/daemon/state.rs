@@ -14,50 +14,69 @@ use super::agents::Agents;
 use super::announce::Announcer;
 use super::describe::describe_touched;
 use super::encap::Encap;
-use super::health::Health;
+use super::health::HealthChecks;
 use super::metrics_http::Publisher;
 use super::neighbours::Neighbours;
 use crate::log::log;
-use crate::plane::Plane;
+use lb::balancer::Balancer;
 use crate::settings::Settings;
 
 pub(super) struct Daemon<'a> {
     pub(super) settings: &'a Settings,
     pub(super) ifc: Interface,
-    pub(super) dp: Plane,
+    pub(super) dp: Balancer,
     /// For queries (routes, neighbours) and address changes.
     pub(super) nl: netlink::Socket,
     /// The pool as the file says; what is installed is this with health applied.
     pub(super) configured: Pool,
     pub(super) neighbours: Neighbours,
     pub(super) encap: Encap,
-    pub(super) health: Health,
+    pub(super) health: HealthChecks,
     pub(super) agents: Agents,
     pub(super) announcer: Option<Announcer>,
     pub(super) metrics: Publisher,
+}
+
+/// What asks for the pool with health and load applied to be installed: a reload's answer is
+/// its caller's to give; a health or load change that fails is logged and the tables stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Install {
+    Reload,
+    Health,
+    Load,
+}
+
+impl std::fmt::Display for Install {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Install::Reload => "reload",
+            Install::Health => "health",
+            Install::Load => "load",
+        })
+    }
 }
 
 impl Daemon<'_> {
     /// Installs the configured pool with health and load applied; returns what that changed.
     /// A failure to apply a health or load change is logged and leaves the tables being served
     /// (None); any other failure (a reload's) is the caller's.
-    pub(super) fn install_effective(&mut self, why: &str) -> Result<Option<Vec<Touched>>> {
+    pub(super) fn install_effective(&mut self, why: Install) -> Result<Option<Vec<Touched>>> {
         let pool = self.health.effective(&self.configured);
         let pool = self.agents.apply(&self.configured, &pool);
-        if why == "load" && !self.agents.changed() {
+        if why == Install::Load && !self.agents.changed() {
             // An interval decided nothing new: the tables stand; the reports may have moved.
             self.publish();
             return Ok(Some(Vec::new()));
         }
         let applying = std::time::Instant::now();
-        let automatic = why == "health" || why == "load";
+        let automatic = why != Install::Reload;
         match self.dp.apply(&pool) {
             Ok(applied) => {
                 self.publish();
                 if let Some(q) = &applied.quic_incomplete {
                     log(format!("{why}: the tables are applied, but QUIC-LB's maps are not all written ({q}); the next change tries again"));
                 }
-                if automatic && (why == "health" || !applied.touched.is_empty()) {
+                if automatic && (why == Install::Health || !applied.touched.is_empty()) {
                     log(format!("{why}: applied in {:.1} ms: {}", applying.elapsed().as_secs_f64() * 1e3, describe_touched(&applied.touched)));
                 }
                 Ok(Some(applied.touched))
@@ -86,7 +105,7 @@ impl Daemon<'_> {
             for key in self.health.take_recovered() {
                 self.agents.recovered(&self.configured, &key);
             }
-            self.install_effective("health")?;
+            self.install_effective(Install::Health)?;
         }
         Ok(())
     }
@@ -97,7 +116,7 @@ impl Daemon<'_> {
         let metrics = &self.metrics;
         self.agents.answers(&self.configured, |service, backend, outcome, _| metrics.agent(service, backend, outcome.as_str()));
         if self.agents.due(&self.configured) {
-            self.install_effective("load")?;
+            self.install_effective(Install::Load)?;
         }
         Ok(())
     }

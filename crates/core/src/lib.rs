@@ -31,6 +31,7 @@
 //! (Marked `ignore` only because it needs a TLS configuration and a runtime to run.)
 //! `tools/quic-echo` is such a server, built on this crate alone.
 
+pub mod clock;
 pub mod config;
 pub mod counters;
 pub mod diff;

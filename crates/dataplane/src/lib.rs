@@ -20,7 +20,7 @@ pub mod netlink;
 pub mod pin;
 mod quic;
 mod reuse;
-pub mod stable;
+pub mod slot_marks;
 mod write;
 
 use std::collections::HashMap;
@@ -73,7 +73,7 @@ pub struct Dataplane {
     /// The table_hops array, likewise (a slot's two hops as one 4-byte word).
     hops: SlotsMapping,
     /// The flow tables and their records, mapped for the sweep of unstable slots.
-    flow_maps: stable::FlowMaps,
+    flow_maps: slot_marks::FlowMaps,
     /// Each neighbour's MAC, when known: a backend's own (l2, or encapsulated on the link) or
     /// its next hop's.
     macs: HashMap<IpAddr, [u8; 6]>,
@@ -82,7 +82,7 @@ pub struct Dataplane {
     via: HashMap<IpAddr, IpAddr>,
     /// Each backend id's generation (see lb.h, struct lb_flow).
     gens: HashMap<u32, u32>,
-    /// The table words may not carry unstable marks yet (crates/dataplane/src/stable.rs).
+    /// The table words may not carry unstable marks yet (crates/dataplane/src/slot_marks.rs).
     unmarked: bool,
     /// The .bss map was reused from a pin: the skeleton's mapping of it is then a copy, not
     /// the map (libbpf maps only the maps it creates), and settings are written through.
@@ -177,7 +177,7 @@ impl Dataplane {
             "the pinned second-chance hops do not match the table array's size"
         );
         let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
-        let flow_maps = stable::FlowMaps::new(&skel)?;
+        let flow_maps = slot_marks::FlowMaps::new(&skel)?;
         let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false, bss_reused: reuse.is_some() && !fresh.contains(&"bss"), quic_keys: HashMap::new() };
         // The settings as the reused map holds them, so that what is written through from now
         // on starts from them.

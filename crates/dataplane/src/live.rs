@@ -69,7 +69,7 @@ impl PinnedMaps {
             let pair = *cache.entry(i / 2).or_insert_with(|| {
                 slots.lookup(&(i / 2).to_ne_bytes(), MapFlags::ANY).ok().flatten().map_or([0, 0], |v| value_of::<types::lb_slot_pair>(&v).id)
             });
-            pair[(i % 2) as usize] & super::stable::ID_MASK
+            pair[(i % 2) as usize] & super::slot_marks::ID_MASK
         })
     }
 }

@@ -86,7 +86,7 @@ const NUD_VALID: u16 = NUD_PERMANENT | NUD_NOARP | NUD_REACHABLE | NUD_PROBE | N
 
 /// The kernel's answer to `ip route get ADDR`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Route {
+pub struct KernelRoute {
     /// rtm_type: RTN_UNICAST, RTN_LOCAL, ...
     pub kind: u8,
     /// The output interface.
@@ -159,7 +159,7 @@ impl Socket {
     }
 
     /// `ip route get ADDR`. Err(ENETUNREACH) and the like when the kernel has no route.
-    pub fn route_get(&mut self, addr: IpAddr) -> io::Result<Route> {
+    pub fn route_get(&mut self, addr: IpAddr) -> io::Result<KernelRoute> {
         let (family, bytes) = family_bytes(addr);
         // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type; u32 flags.
         let mut body = vec![family, (bytes.len() * 8) as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -167,7 +167,7 @@ impl Socket {
         let mut route = None;
         self.request(RTM_GETROUTE, NLM_F_REQUEST, &body, |ty, payload| {
             if ty == RTM_NEWROUTE && payload.len() >= 12 {
-                let mut r = Route { kind: payload[7], oif: None, gateway: None };
+                let mut r = KernelRoute { kind: payload[7], oif: None, gateway: None };
                 for (at, data) in attrs(&payload[12..]) {
                     match at {
                         RTA_OIF if data.len() >= 4 => r.oif = Some(u32::from_ne_bytes([data[0], data[1], data[2], data[3]])),

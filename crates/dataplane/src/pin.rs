@@ -183,8 +183,3 @@ pub fn remove_all(dir: &Path) -> Result<Vec<String>> {
     removed.sort();
     Ok(removed)
 }
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}

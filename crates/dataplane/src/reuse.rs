@@ -441,7 +441,7 @@ impl Dataplane {
         match meta.reserved[1] {
             0 => Ok(None),
             // A change was placing ranges when its controller stopped: as if placed now.
-            PLACEMENT_UNDER_WAY => Ok(Some(super::stable::now_ticks()?)),
+            PLACEMENT_UNDER_WAY => Ok(Some(super::slot_marks::now_ticks()?)),
             t => Ok(Some((t - 1) as u32)),
         }
     }

@@ -116,7 +116,7 @@ impl Dataplane {
     /// The backend id of entry `i` of the table array (0 past its end), read through the
     /// mapping, without its state bits.
     pub fn slot(&self, i: u32) -> u32 {
-        self.slots.read(i) & super::stable::ID_MASK
+        self.slots.read(i) & super::slot_marks::ID_MASK
     }
 
     /// The second-chance hops of entry `i` of the table array ([0, 0] past its end).

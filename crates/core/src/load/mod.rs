@@ -55,11 +55,8 @@ fn millis(len: Duration) -> u64 {
     (len.as_millis() as u64).max(1)
 }
 
-/// Milliseconds since the Unix epoch: intervals are cut from the wall clock, which every node
-/// and agent shares, not from a process's monotonic clock.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// The wall clock load intervals are cut from (every node and agent shares it): lb's one clock.
+pub use crate::clock::unix_ms;
 
 /// The epoch `unix_ms` falls in.
 pub fn epoch_at(unix_ms: u64, len: Duration) -> u64 {
@@ -152,7 +149,7 @@ impl Adjustment {
 
 /// The pool as served with load applied: the pool, each adjusted backend's adjustment, and the
 /// services that failed open (load would have left them no backend).
-pub struct Applied {
+pub struct Served {
     pub pool: Pool,
     pub adjustments: HashMap<Key, Adjustment>,
     pub failing_open: Vec<String>,
@@ -239,7 +236,7 @@ impl Loads {
 
     /// The pool served at `unix_ms`: `pool` (with health applied) with each load-aware service's
     /// weights scaled by the decided epoch's capacities and ramps.
-    pub fn apply(&self, pool: &Pool, unix_ms: u64) -> Applied {
+    pub fn apply(&self, pool: &Pool, unix_ms: u64) -> Served {
         let mut out = pool.clone();
         let mut adjustments = HashMap::new();
         let mut failing_open = Vec::new();
@@ -308,7 +305,7 @@ impl Loads {
         }
         // The previous pool (second chance's hop lists) is built as it was served: in points.
         out.previous = pool.previous.as_deref().map(|p| Box::new(at_full_capacity(p)));
-        Applied { pool: out, adjustments, failing_open }
+        Served { pool: out, adjustments, failing_open }
     }
 
     fn adjustment(&self, s: &Service, key: &Key, decided: u64) -> Adjustment {

@@ -60,15 +60,6 @@ impl RoutableIds {
         Ok(move || Box::new(RoutableIds::from_config(config.clone(), &params)) as Box<dyn ConnectionIdGenerator>)
     }
 
-    /// A generator whose counter began at `start` and is now at `next`: the IDs from `next` up
-    /// to `start` (wrapping) are all it has left, which lets a test reach exhaustion quickly.
-    #[cfg(test)]
-    fn counting(params: &ServerParams, start: Vec<u8>, next: Vec<u8>) -> RoutableIds {
-        let mut ids = RoutableIds::new(params).expect("a valid config");
-        ids.nonces = Nonces::Counter { next, start, exhausted: false };
-        ids
-    }
-
     /// The next nonce, or None when the counter has used them all.
     fn next_nonce(&mut self) -> Option<Vec<u8>> {
         match &mut self.nonces {
@@ -152,6 +143,14 @@ mod tests {
 
     use super::*;
 
+    /// A generator whose counter began at `start` and is now at `next`: the IDs from `next` up
+    /// to `start` (wrapping) are all it has left, which lets a test reach exhaustion quickly.
+    fn counting(params: &ServerParams, start: Vec<u8>, next: Vec<u8>) -> RoutableIds {
+        let mut ids = RoutableIds::new(params).expect("a valid config");
+        ids.nonces = Nonces::Counter { next, start, exhausted: false };
+        ids
+    }
+
     const KEY: [u8; 16] = [
         0x8f, 0x95, 0xf0, 0x92, 0x45, 0x76, 0x5f, 0x80, 0x25, 0x69, 0x34, 0xe5, 0x0c, 0x66, 0x20, 0x7f,
     ];
@@ -207,7 +206,7 @@ mod tests {
         let p = params(&[0x0a, 0x1b], 4, Some(KEY));
         let config = p.config().expect("valid");
         // Three nonces left: fffffffd, fffffffe, ffffffff; then the counter is back at zero.
-        let mut ids = RoutableIds::counting(&p, vec![0; 4], vec![0xff, 0xff, 0xff, 0xfd]);
+        let mut ids = counting(&p, vec![0; 4], vec![0xff, 0xff, 0xff, 0xfd]);
         let unroutable_before = ConnectionId::new(&[UNROUTABLE << 5 | 6, 1, 2, 3, 4, 5, 6]);
         assert!(ids.validate(&unroutable_before).is_err(), "no unroutable ID issued yet");
         let routable: Vec<ConnectionId> = (0..3).map(|_| ids.generate_cid()).collect();
