@@ -5,7 +5,6 @@
 //! current (re-read every second: an address added to the host is decapsulated for within a
 //! second), and prints its counters on request and at exit.
 
-use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
@@ -17,8 +16,14 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use lb::dataplane::decap::{host_addresses, Decap, DecapCounters, ANY_SOURCE};
-use lb::dataplane::{link, netlink};
+use lb::dataplane::decap::{host_addresses, Decap, DecapCounters};
+use lb::dataplane::link;
+
+mod allow;
+mod hops;
+
+use allow::{allowed, broad_family, source_prefix};
+use hops::{loopback_forwarding_off, loopback_forwarding_on, resolve_next_hops, Resolver, RESOLVE_POLL};
 
 use crate::log::log;
 use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_present, ModeArg};
@@ -26,27 +31,8 @@ use crate::xdp::{already_attached, attach_with_mode, check_privileges, ensure_pr
 /// How often this host's addresses are re-read.
 const ADDRESS_REFRESH: Duration = Duration::from_secs(1);
 
-/// Second chance: how often the next hops found unresolved are looked at (a packet to one is
-/// dropped until its MAC is known, and TCP sends it again after 200 ms at the soonest), how
-/// often each is asked for again while it stays unresolved, and when it is forgotten, so that a
-/// later packet to it starts a new wait (the program gives up waiting after 3 s).
-const RESOLVE_POLL: Duration = Duration::from_millis(50);
-const RESOLVE_AGAIN: Duration = Duration::from_secs(1);
-const RESOLVE_FORGET: Duration = Duration::from_secs(10);
-/// At most this many next hops are asked for per look (the map holds 256): 160 a second.
-const RESOLVE_BURST: usize = 8;
-/// Next hops logged one by one, at most; after that, one line says the rest are not.
-const RESOLVE_LOGGED: usize = 64;
 /// Where the kernel lists conntrack's BTF when conntrack is a module that is loaded.
 const CONNTRACK_BTF: &str = "/sys/kernel/btf/nf_conntrack";
-
-/// What lb decap keeps to have next hops resolved: netlink, when each hop was last asked for,
-/// and the hops it has logged.
-struct Resolver {
-    nl: netlink::Socket,
-    asked: HashMap<IpAddr, Instant>,
-    logged: HashSet<IpAddr>,
-}
 
 /// `lb decap`'s flags.
 #[derive(clap::Args)]
@@ -82,34 +68,6 @@ pub struct Args {
     second_chance: bool,
 }
 
-/// `10.0.0.0/24`, `fd00::1/128`, `10.0.0.7`: a prefix of outer sources, as (network address,
-/// length). Host bits set below the length are refused rather than cleared: `10.0.0.7/8` is
-/// more likely a typo for a /32 than a wish to trust a /8.
-fn source_prefix(s: &str) -> Result<(IpAddr, u8), String> {
-    let (a, len) = match s.split_once('/') {
-        Some((a, l)) => (a, Some(l)),
-        None => (s, None),
-    };
-    let addr: IpAddr = a.trim().parse().map_err(|_| format!("`{a}` is not an IPv4 or IPv6 address"))?;
-    let full: u8 = if addr.is_ipv4() { 32 } else { 128 };
-    let len = match len {
-        None => full,
-        Some(l) => match l.trim().parse::<u8>() {
-            Ok(n) if n <= full => n,
-            _ => return Err(format!("`/{l}`: expected a prefix length from 0 to {full}")),
-        },
-    };
-    let network = match addr {
-        // A shift by the whole width (length 0) leaves no bits: checked_shl says None.
-        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & u32::MAX.checked_shl(32 - len as u32).unwrap_or(0)).into()),
-        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & u128::MAX.checked_shl(128 - len as u32).unwrap_or(0)).into()),
-    };
-    if network != addr {
-        return Err(format!("{s} has bits set after the first {len}: did you mean {network}/{len} or {addr}/{full}?"));
-    }
-    Ok((addr, len))
-}
-
 fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
     let mut text = format!(
         "decapsulated {}, passed {}, malformed {}, not_allowed {}, not_local {}, ce_not_ect {}, ecn_anomaly {}",
@@ -122,150 +80,6 @@ fn counters_text(c: &DecapCounters, second_chance: bool) -> String {
         );
     }
     text
-}
-
-/// The loopback's forwarding switches, which second chance needs on: the kernel's FIB helper
-/// routes a packet only "from" a device with forwarding on, and the program asks as if the
-/// packet came from the loopback (docs/fleet.md, "Second chance"). On there, they forward
-/// nothing (no packet from outside arrives on the loopback); the interface stays a host's.
-/// Each as its file and its sysctl name.
-const LOOPBACK_FORWARDING: [(&str, &str); 2] = [
-    ("/proc/sys/net/ipv4/conf/lo/forwarding", "net.ipv4.conf.lo.forwarding"),
-    ("/proc/sys/net/ipv6/conf/lo/forwarding", "net.ipv6.conf.lo.forwarding"),
-];
-
-/// Turns the loopback's forwarding on where it is off, once, at start; returns the switches it
-/// turned on. Never turned off again: it forwards nothing, another `lb decap` of this host may
-/// rely on it, and a process killed with SIGKILL could not anyway. A family the host does not
-/// have (IPv6 disabled: no such switch) is skipped.
-fn loopback_forwarding_on() -> Result<Vec<&'static str>> {
-    let mut changed = Vec::new();
-    for (path, name) in LOOPBACK_FORWARDING {
-        let Ok(now) = std::fs::read_to_string(path) else { continue };
-        if now.trim() != "1" {
-            std::fs::write(path, "1").with_context(|| format!("turning on {name} (second chance routes hops from the loopback)"))?;
-            changed.push(name);
-        }
-    }
-    Ok(changed)
-}
-
-/// The loopback's forwarding switches that are off now (by their sysctl names).
-fn loopback_forwarding_off() -> Vec<&'static str> {
-    LOOPBACK_FORWARDING
-        .iter()
-        .filter(|(path, _)| std::fs::read_to_string(path).is_ok_and(|now| now.trim() != "1"))
-        .map(|&(_, name)| name)
-        .collect()
-}
-
-/// Has the kernel resolve the next hops second chance found on the link with no MAC known (a
-/// packet to each was dropped, and its sender will send it again): each is asked for at once
-/// and again every second while it stays so, at most RESOLVE_BURST a look. A hop whose MAC is
-/// known now is forgotten at once (a later loss of it starts a new wait), one never resolved
-/// after RESOLVE_FORGET.
-fn resolve_next_hops(dp: &Decap, r: &mut Resolver, now: Instant) -> Result<()> {
-    let hops = dp.unresolved()?;
-    r.asked.retain(|a, _| hops.iter().any(|(h, _)| h == a));
-    let mut neighbours: HashMap<u32, Vec<netlink::Neighbour>> = HashMap::new();
-    let mut burst = 0;
-    for (hop, age) in hops {
-        // The neighbour the hop is reached through (itself, or its route's gateway).
-        let resolved = r.nl.route_get(hop).ok().is_some_and(|route| {
-            let Some(oif) = route.oif else { return false };
-            let next = route.gateway.unwrap_or(hop);
-            let known = neighbours.entry(oif).or_insert_with(|| r.nl.neighbours(oif).unwrap_or_default());
-            known.iter().any(|n| n.addr == next && n.mac.is_some())
-        });
-        if resolved || age >= RESOLVE_FORGET {
-            dp.forget_unresolved(hop)?;
-            r.asked.remove(&hop);
-            continue;
-        }
-        if burst < RESOLVE_BURST && r.asked.get(&hop).is_none_or(|t| now.duration_since(*t) >= RESOLVE_AGAIN) {
-            if r.logged.len() < RESOLVE_LOGGED && r.logged.insert(hop) {
-                log(format!("second chance: next hop {hop} has no known MAC: resolving it"));
-                if r.logged.len() == RESOLVE_LOGGED {
-                    log(format!("second chance: {RESOLVE_LOGGED} next hops logged; others resolved from now on are not"));
-                }
-            }
-            netlink::prime(hop);
-            r.asked.insert(hop, now);
-            burst += 1;
-        }
-    }
-    Ok(())
-}
-
-/// The address family ("IPv4", "IPv6") more than half of whose addresses `prefixes` cover
-/// together, if one is: a /0, 0.0.0.0/1 with 128.0.0.0/1, or any set whose union is that broad,
-/// however it is cut up. (A list of second-chance hops that names half of the Internet names its
-/// routers too.)
-fn broad_family(prefixes: &[(IpAddr, u8)]) -> Option<&'static str> {
-    for (family, bits, v6) in [("IPv4", 32u32, false), ("IPv6", 128u32, true)] {
-        // Each prefix as its first and last address, in order of the first.
-        let mut ranges: Vec<(u128, u128)> = prefixes
-            .iter()
-            .filter(|(addr, _)| addr.is_ipv6() == v6)
-            .map(|&(addr, len)| {
-                let base = match addr {
-                    IpAddr::V4(a) => u128::from(u32::from(a)),
-                    IpAddr::V6(a) => u128::from(a),
-                };
-                let host_bits = bits.saturating_sub(u32::from(len));
-                let span = if host_bits >= 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
-                (base & !span, (base & !span) | span)
-            })
-            .collect();
-        ranges.sort_unstable();
-        // The addresses the union covers, each counted once (saturating: a /0 of IPv6 is 2^128).
-        let mut covered = 0u128;
-        let mut next = 0u128; // the first address not counted yet
-        let mut done = false; // the last address counted
-        for (first, end) in ranges {
-            if done || end < next {
-                continue;
-            }
-            let from = first.max(next);
-            covered = covered.saturating_add((end - from).saturating_add(1));
-            if end == u128::MAX {
-                done = true;
-            } else {
-                next = end + 1;
-            }
-        }
-        if covered > 1u128 << (bits - 1) {
-            return Some(family);
-        }
-    }
-    None
-}
-
-/// The allow-list `a` asks for, or the error that names the flags when it asks for none.
-fn allowed(a: &Args) -> Result<Vec<(IpAddr, u8)>> {
-    if let (true, Some(family)) = (a.second_chance, broad_family(&a.allow_from)) {
-        bail!(
-            "--second-chance sends packets on only to hosts of the allow-list, and the --allow-from prefixes together \
-             name more than half of all {family} addresses: give --allow-from the load balancers' and the backends' prefixes"
-        );
-    }
-    if a.allow_any && a.second_chance {
-        bail!(
-            "--second-chance sends packets on only to hosts of the allow-list, and --allow-any would make that every \
-             host: give --allow-from PREFIX with the load balancers' and the backends' addresses"
-        );
-    }
-    if a.allow_any {
-        return Ok(ANY_SOURCE.to_vec());
-    }
-    if a.allow_from.is_empty() {
-        bail!(
-            "lb decap needs to know whom to trust: give --allow-from PREFIX (repeatable) with the load balancers' \
-             encapsulation sources (their --encap-source, or their interface's address), or --allow-any to unwrap \
-             packets from any source"
-        );
-    }
-    Ok(a.allow_from.clone())
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -331,7 +145,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut next_refresh = started + ADDRESS_REFRESH;
     let mut next_stats = stats_interval.map(|i| started + i);
     let mut next_resolve = second_chance.then(|| started + RESOLVE_POLL);
-    let mut resolver = Resolver { nl: netlink::Socket::open().context("opening a netlink socket")?, asked: HashMap::new(), logged: HashSet::new() };
+    let mut resolver = Resolver::new()?;
     let mut seen = Seen::default();
     let stop = loop {
         let now = Instant::now();
@@ -456,7 +270,7 @@ mod tests {
         let a = args(&["--allow-from", "10.99.0.2", "--allow-from", "fd99::/64"]).expect("valid");
         assert_eq!(allowed(&a).expect("a list"), vec![(ip("10.99.0.2"), 32), (ip("fd99::"), 64)]);
         let a = args(&["--allow-any"]).expect("valid");
-        assert_eq!(allowed(&a).expect("any"), ANY_SOURCE.to_vec());
+        assert_eq!(allowed(&a).expect("any"), lb::dataplane::decap::ANY_SOURCE.to_vec());
         let a = args(&[]).expect("clap accepts it; run refuses it");
         let e = allowed(&a).expect_err("neither flag");
         assert!(e.to_string().contains("--allow-from PREFIX") && e.to_string().contains("--allow-any"), "{e}");
