@@ -68,13 +68,14 @@ cargo build --release -p quic-echo
 # nothing, with every clang hidden (each name build.rs or a crate could call fails loudly).
 # Anything on the way that reached lb-dataplane's BPF build would fail here (tests/layout.rs
 # checks the dependency tree too).
-noclang=$(mktemp -d)
+noclang=target/no-clang-bin
+rm -rf "$noclang" target/no-clang
+mkdir -p "$noclang"
 for c in clang $(seq -f 'clang-%g' 11 25); do
     printf '#!/bin/sh\necho "clang is hidden for this build" >&2\nexit 1\n' >"$noclang/$c"
     chmod +x "$noclang/$c"
 done
-rm -rf target/no-clang
-PATH="$noclang:$PATH" LB_CLANG="$noclang/clang" CARGO_TARGET_DIR=target/no-clang cargo build --offline --quiet -p quic-echo
+PATH="$PWD/$noclang:$PATH" LB_CLANG="$PWD/$noclang/clang" CARGO_TARGET_DIR=target/no-clang cargo build --offline --quiet -p quic-echo
 rm -rf "$noclang" target/no-clang
 
 phase "tests that need no root (config, tables, diff, CLI, layout, docs)"

@@ -1,4 +1,4 @@
-//! HealthChecks checks of `lb attach`: when each checked backend is probed, what its results make of
+//! Health checks of `lb attach`: when each checked backend is probed, what its results make of
 //! it (up after `rise` good probes, down after `fall` failed ones), and the pool the data plane
 //! serves with that applied: a down backend's slots go to the others, and a service whose every
 //! backend is down is served with all of them (fail open). The probes themselves run on the
@@ -19,7 +19,7 @@ use super::describe::{backend_label, label_of};
 use super::probe::{probe, Failure, Key, Prober};
 use crate::log::log;
 
-/// HealthChecks probes running at once, at most.
+/// Health probes running at once, at most.
 const PROBE_WORKERS: usize = 16;
 
 pub(super) struct HealthChecks {

@@ -136,7 +136,7 @@ impl Metrics {
     fn reload(&self, result: ReloadResult, apply: Option<Duration>) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
         if let Some(d) = apply {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            let now = lb::clock::unix_ms() as f64 / 1e3;
             self.last_reload.set(now);
             self.last_reload_seconds.set(d.as_secs_f64());
             self.reload_apply.observe(d.as_secs_f64());

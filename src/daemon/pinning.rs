@@ -171,7 +171,10 @@ pub(super) fn adopt(
         if f.same_layout {
             String::new()
         } else {
-            format!(" (an upgrade: new maps for {}; {carried} tracked flows carried over)", fresh.join(", "))
+            // Every map reused through BTF (the layout identity changed, the structs did not):
+            // no "new maps for" with nothing after it.
+            let new_maps = if fresh.is_empty() { "every map reused".to_string() } else { format!("new maps for {}", fresh.join(", ")) };
+            format!(" (an upgrade: {new_maps}; {carried} tracked flows carried over)")
         },
         describe_touched(&applied.touched),
         t0.elapsed().as_secs_f64() * 1e3,

@@ -72,9 +72,13 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
     };
     // Watch before loading: a change made while we attach is seen.
     let watcher = watch(settings);
-    let (mut dp, fresh) = load(settings, pinning.as_ref().zip(found.as_ref()))?;
-    // Bound before anything is attached or changed: a bad address or a port in use stops here.
+    let reuse = pinning.as_ref().zip(found.as_ref()).map(|(p, f)| pinning::reuse(p, f));
+    let (mut dp, fresh) = Balancer::load_with(settings.table_capacity, settings.conntrack_size, reuse.as_ref())?;
+    // Bound before anything is attached or changed (a reused plane's settings included): a bad
+    // address or a port in use stops here.
     let metrics = start_metrics(settings, &dp)?;
+    dp.set_conntrack_timeouts(settings.conntrack_timeouts.0, settings.conntrack_timeouts.1)?;
+    dp.set_conntrack_guard(settings.conntrack_guard)?;
     let encap = Encap::start(&mut dp, sources, interface_mtu(&ifc))?;
     let mut neighbours = Neighbours::new(events, list);
     neighbours.set_via(&mut dp, via)?;
@@ -169,16 +173,6 @@ fn watch(settings: &Settings) -> Option<Watcher> {
             None
         }
     }
-}
-
-/// Loads the program (reusing a pinned plane's maps where there is one) and sets the
-/// flow-tracking settings. Returns the maps made fresh (not reused).
-fn load(settings: &Settings, pinned: Option<(&Pinning, &Found)>) -> Result<(Balancer, Vec<&'static str>)> {
-    let reuse = pinned.map(|(p, f)| pinning::reuse(p, f));
-    let (mut dp, fresh) = Balancer::load_with(settings.table_capacity, settings.conntrack_size, reuse.as_ref())?;
-    dp.set_conntrack_timeouts(settings.conntrack_timeouts.0, settings.conntrack_timeouts.1)?;
-    dp.set_conntrack_guard(settings.conntrack_guard)?;
-    Ok((dp, fresh))
 }
 
 /// `--metrics`: the server bound and started on the loaded plane's counter maps (None without

@@ -20,8 +20,9 @@ pub fn layout(header: &str, layout_test: bool) -> u64 {
 }
 
 /// `header` as the compiler sees it: comments dropped, each run of white space one space.
-/// (A string literal holding `//` or `/*` would be cut short too; lb.h has none, and at worst
-/// two layouts would look alike here that the BTF comparison of a reuse still tells apart.)
+/// (A string literal holding `//` or `/*` would be cut short too. lb.h has none; one added
+/// there would have to be kept out of this, since two layouts that hash alike are reused
+/// without their BTF being compared.)
 fn code_of(header: &str) -> String {
     let mut code = String::with_capacity(header.len());
     let mut rest = header;

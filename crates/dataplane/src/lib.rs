@@ -393,7 +393,7 @@ impl Dataplane {
     /// Remembers that frames for backend `addr` go to `neighbour` (itself when on the link), for
     /// the backend records written from now on. Writes nothing: rewriting the records of the
     /// backends at `addr` takes knowing which ids are there, which the caller does. Returns
-    /// whether the neighbour changed. Crate-private (see [`Dataplane::execute`]).
+    /// whether the neighbour changed. For the balancer alone (see [`Dataplane::execute`]).
     pub fn remember_via(&mut self, addr: IpAddr, neighbour: IpAddr) -> bool {
         if self.neighbour_of(addr) == neighbour {
             return false;

@@ -14,9 +14,10 @@ use super::encode::{addr_words, bytes_of, name_bytes, route_value, service_key_o
 use super::{types, Dataplane};
 
 impl Dataplane {
-    /// Writes one operation of a plan to the maps. Crate-private, like every write that the
-    /// balancer's mirror must know of: a caller outside the crate reaches the data plane through
-    /// the balancer's Deref, and must not change the maps behind its back.
+    /// Writes one operation of a plan to the maps. For the balancer alone, like every write that
+    /// its mirror must know of: others reach the data plane through the balancer's Deref and
+    /// must not change the maps behind its back. Public only because the balancer is another
+    /// crate; tests/layout.rs fails any call from the binary outside src/balancer/.
     pub fn execute(&mut self, op: &plan::Op) -> Result<()> {
         let maps = &self.skel.maps;
         match op {

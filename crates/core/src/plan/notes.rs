@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{LiveBackend, LiveService};
+use super::{Flags, LiveBackend, LiveService};
 use crate::config::Forward;
 
 /// What differs between two versions of a service, in words.
@@ -22,8 +22,8 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if old.slots != new.slots {
         out.push(format!("slots {} -> {}", old.slots, new.slots));
     }
-    // Every on/off setting by its key's name (conntrack, second_chance, quic_lb, ...).
-    out.extend(n.flag_notes(o));
+    // conntrack where the log always had it; the other on/off settings after gue_port.
+    out.extend(n.flag_notes(o, Flags::CONNTRACK));
     if o.forward != n.forward {
         out.push(format!("forward {} -> {}", o.forward.as_str(), n.forward.as_str()));
     }
@@ -45,6 +45,7 @@ pub(super) fn notes(old: &LiveService, new: &LiveService) -> Vec<String> {
     if o.forward == Forward::Gue && n.forward == Forward::Gue && o.gue_port != n.gue_port {
         out.push(format!("gue_port {} -> {}", o.gue_port, n.gue_port));
     }
+    out.extend(n.flag_notes(o, Flags::all().difference(Flags::CONNTRACK)));
     if o.quic_lb() == n.quic_lb() && old.quic_digest != new.quic_digest {
         out.push("quic_lb parameters, key or server IDs changed".to_string());
     }

@@ -76,12 +76,13 @@ impl RouteSpec {
         self
     }
 
-    /// The flags that differ from `old`, in the reload notes' words (`conntrack on -> off`).
-    pub fn flag_notes(&self, old: &RouteSpec) -> Vec<String> {
+    /// The flags among `among` that differ from `old`, in the reload notes' words
+    /// (`conntrack on -> off`), in bit order.
+    pub fn flag_notes(&self, old: &RouteSpec, among: Flags) -> Vec<String> {
         let on_off = |b: bool| if b { "on" } else { "off" };
         Flags::NAMED
             .iter()
-            .filter(|(f, _, _)| old.flags.contains(*f) != self.flags.contains(*f))
+            .filter(|(f, _, _)| among.contains(*f) && old.flags.contains(*f) != self.flags.contains(*f))
             .map(|(f, name, _)| format!("{name} {} -> {}", on_off(old.flags.contains(*f)), on_off(self.flags.contains(*f))))
             .collect()
     }
@@ -103,7 +104,8 @@ mod tests {
         assert_eq!(spec.flags, Flags::SECOND_CHANCE);
         assert!(!spec.conntrack() && spec.second_chance() && !spec.quic_lb());
         let changed = spec.with(Flags::CONNTRACK, true).with(Flags::SECOND_CHANCE, false);
-        assert_eq!(changed.flag_notes(&spec), ["conntrack off -> on", "second_chance on -> off"]);
+        assert_eq!(changed.flag_notes(&spec, Flags::all()), ["conntrack off -> on", "second_chance on -> off"]);
+        assert_eq!(changed.flag_notes(&spec, Flags::SECOND_CHANCE), ["second_chance on -> off"]);
         let mut all = Flags::empty();
         for (i, (f, _, _)) in Flags::NAMED.iter().enumerate() {
             assert_eq!(f.bits(), 1 << i);

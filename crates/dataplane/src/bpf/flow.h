@@ -234,7 +234,7 @@ static __always_inline int usable(const struct flow_word *f, __u32 timeout, __u3
 /* Whether a confirmed entry's flow may still come back to it, so that no other flow may take its
  * slot: not ended, and its id still its backend's and in the pool, alive or down for now (a failed
  * health check, its agent's `down`). A backend that comes back serves its quiet flows again, as
- * the sweep of stable slots assumes (src/balancer/stable.rs); before, a promotion took such
+ * the sweep of stable slots assumes (src/balancer/sweep.rs); before, a promotion took such
  * entries first, so a pair flood while a backend was down for a moment cost its quiet flows their
  * backend (issue 38, item 13). Only the timeout, or an id retired from the pool or given to
  * another backend, gives the slot away. */

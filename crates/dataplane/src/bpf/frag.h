@@ -15,7 +15,7 @@
 #include "route.h"
 
 /* A datagram's fragment key: what every one of its fragments carries, in this CPU's scratch
- * room (frag.h, frag_scratch); NULL if there is none (never expected). */
+ * room (frag_map.h, frag_scratch); NULL if there is none (never expected). */
 static __always_inline struct lb_frag_key *frag_key(const void *src, const __u32 dst[4], __be32 id, __u8 proto, __u8 family)
 {
 	__u32 zero = 0;

@@ -23,6 +23,7 @@
 #include "lb.h"
 #include "maps.h"
 #include "parse.h"
+#include "quic_map.h"
 
 extern struct bpf_crypto_ctx *bpf_crypto_ctx_create(const struct bpf_crypto_params *params, __u32 params__sz,
 						    int *err) __ksym __weak;
@@ -41,54 +42,6 @@ extern int bpf_crypto_decrypt(struct bpf_crypto_ctx *ctx, const struct bpf_dynpt
 /* The byte loops below stay loops: unrolled, their copies spill registers onto a stack that
  * lb_xdp's frame already half fills (the verifier allows 512 bytes for the whole call chain). */
 #define QUIC_LOOP _Pragma("clang loop unroll(disable)")
-
-/* Service key -> the service's QUIC-LB parameters (lb.h, struct lb_quic_config). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, LB_MAX_SERVICES);
-	__type(key, struct lb_service_key);
-	__type(value, struct lb_quic_config);
-} quic_configs SEC(".maps");
-
-/* (service, server ID) -> the backend id that has that server ID. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, LB_MAX_BACKENDS);
-	__type(key, struct lb_quic_server);
-	__type(value, __u32);
-} quic_servers SEC(".maps");
-
-/* Service key -> the kernel's AES-128 context for the service's key. Made and replaced only by
- * quic_set_key, deleted by user space; never read back (the key stays in the kernel). */
-struct lb_quic_aes {
-	struct bpf_crypto_ctx __kptr *ctx;
-};
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC); /* a deleted entry is never reused under a reader */
-	__uint(max_entries, LB_MAX_SERVICES);
-	__type(key, struct lb_service_key);
-	__type(value, struct lb_quic_aes);
-} quic_aes SEC(".maps");
-
-/* This CPU's room for a connection ID and the blocks the cipher reads and writes (32 octets
- * each, so that an index masked with 31 is always inside). */
-struct lb_quic_scratch {
-	__u8 cid[32];   /* the destination connection ID as received (its first 20 octets) */
-	__u8 left[32];  /* the Feistel halves */
-	__u8 right[32];
-	__u8 in[16];    /* the cipher's input block */
-	__u8 out[16];   /* and its output */
-	struct lb_quic_server key;
-};
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lb_quic_scratch);
-} quic_scratch SEC(".maps");
 
 /* Makes the service's AES context from its key (or forgets it, with `remove`) and returns 0 or
  * -errno. Run by user space through BPF_PROG_TEST_RUN (a syscall program), never by packets. */

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
-/* The veth benchmark's traffic generator (examples/e2e.rs trafgen, scripts/bench-veth.sh), run
+/* The veth benchmark's traffic generator (examples/e2e/main.rs trafgen, scripts/bench-veth.sh), run
  * with BPF_PROG_TEST_RUN's live-frame mode: it writes the frame afresh into every buffer before
  * sending it. The kernel recycles live-frame buffers without restoring their bytes, and a
  * receiver that wrote outer headers in front of a frame (encapsulation) leaves part of the old
