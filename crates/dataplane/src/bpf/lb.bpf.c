@@ -16,8 +16,8 @@
  * hash), frag.h (fragments), flow.h (the flow tables), conntrack.h (connection tracking's
  * policy), quic.h (QUIC-LB connection-ID routing), encap.h (IPIP/GUE), icmp.h ("too big"
  * answers), csum.h, and maps.h (the maps and counters); a concern's own maps are in its
- * *_map.h. Each header includes what it uses (tests/headers.rs compiles each one alone), so
- * the order below is only for the reader. */
+ * *_map.h. Each header includes what it uses (crates/dataplane/tests/headers.rs compiles each
+ * alone), so the order below is only for the reader. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
