@@ -437,8 +437,8 @@ fn long_functions(text: &str, limit: usize, c_source: bool) -> Vec<(usize, usize
             && indent.is_empty()
             && body.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
             && (body.contains('(') || body.starts_with("SEC("))
-            && !body.trim_end().ends_with(';')
             && !["struct ", "enum ", "union ", "typedef ", "return ", "if ", "for ", "while "].iter().any(|k| body.starts_with(k));
+        // A declaration (`fn f();`, a prototype) has no body to measure.
         if !(rust || c) || body.trim_end().ends_with(';') {
             continue;
         }

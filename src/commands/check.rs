@@ -17,11 +17,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let pool = super::load(&args.config)?;
-    let mut out = std::io::stdout().lock();
-    for s in &pool.services {
-        writeln!(out, "{}", report::service_summary(s))?;
-    }
-    writeln!(out, "{}: ok, {} service(s)", args.config.display(), pool.services.len())?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    super::to_stdout(|out| {
+        for s in &pool.services {
+            writeln!(out, "{}", report::service_summary(s))?;
+        }
+        writeln!(out, "{}: ok, {} service(s)", args.config.display(), pool.services.len())?;
+        Ok(())
+    })
 }

@@ -16,10 +16,10 @@ pub struct Args {
 
 /// Writes the completion script of `cli` (the whole command line) for the shell asked.
 pub fn run(args: Args, cli: Command) -> Result<ExitCode> {
-    let mut out = std::io::stdout().lock();
-    completions(cli, args.shell, &mut out)?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    super::to_stdout(|out| {
+        completions(cli, args.shell, out)?;
+        Ok(())
+    })
 }
 
 /// Writes the completion script for `shell` to `out`. Made in memory first: clap_complete

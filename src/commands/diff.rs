@@ -24,13 +24,13 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let (a, b) = (lb::load::at_full_capacity(&super::load(&args.old)?), lb::load::at_full_capacity(&super::load(&args.new)?));
     let diffs = diff::diff(&a, &b);
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer(&mut out, &report::diff_json(&diffs)).context("writing JSON")?;
-        writeln!(out)?;
-    } else {
-        write!(out, "{}", report::diff_text(&diffs))?;
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    super::to_stdout(|out| {
+        if args.json {
+            serde_json::to_writer(&mut *out, &report::diff_json(&diffs)).context("writing JSON")?;
+            writeln!(out)?;
+        } else {
+            write!(out, "{}", report::diff_text(&diffs))?;
+        }
+        Ok(())
+    })
 }

@@ -18,12 +18,12 @@ pub struct Args {
 
 /// `lb man DIR`: writes the pages of `cli` (the whole command line) and prints their paths.
 pub fn run(args: Args, cli: Command) -> Result<ExitCode> {
-    let mut out = std::io::stdout().lock();
-    for page in man_pages(cli, &args.dir)? {
-        writeln!(out, "{}", page.display())?;
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    super::to_stdout(|out| {
+        for page in man_pages(cli, &args.dir)? {
+            writeln!(out, "{}", page.display())?;
+        }
+        Ok(())
+    })
 }
 
 /// Writes one page per command into `dir`: lb.1, and lb-attach.1 and friends (the names `man`

@@ -17,7 +17,9 @@ pub mod status;
 pub mod table;
 pub(crate) mod values;
 
+use std::io::{StdoutLock, Write};
 use std::path::Path;
+use std::process::ExitCode;
 
 use anyhow::Result;
 
@@ -27,4 +29,13 @@ use lb::config::{self, Pool};
 /// field).
 fn load(path: &Path) -> Result<Pool> {
     config::load(path).map_err(anyhow::Error::new)
+}
+
+/// A command that prints what it found: `write` puts it on stdout, locked once and flushed at
+/// the end (a closed pipe is main's to forgive), and the command succeeds.
+fn to_stdout(write: impl FnOnce(&mut StdoutLock<'static>) -> Result<()>) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    write(&mut out)?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
 }

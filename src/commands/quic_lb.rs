@@ -30,20 +30,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let Args { config, backend, service, json } = args;
     let pool = super::load(&config)?;
     let (s, params) = report::quic_lb_params(&pool, &backend, service.as_deref()).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
-    let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer(&mut out, &report::quic_lb_json(s, &backend, &params)).context("writing JSON")?;
-        writeln!(out)?;
-    } else {
-        let comment = format!(
-            "lb quic-lb: backend {backend} of service {} ({}), from {}\nQUIC-LB, draft-ietf-quic-load-balancers-21{}",
-            s.name,
-            s.endpoint(),
-            config.display(),
-            if params.key.is_some() { "; holds the key: keep it as secret as the pool file" } else { "" }
-        );
-        write!(out, "{}", params.to_yaml(&comment))?;
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    super::to_stdout(|out| {
+        if json {
+            serde_json::to_writer(&mut *out, &report::quic_lb_json(s, &backend, &params)).context("writing JSON")?;
+            writeln!(out)?;
+        } else {
+            let comment = format!(
+                "lb quic-lb: backend {backend} of service {} ({}), from {}\nQUIC-LB, draft-ietf-quic-load-balancers-21{}",
+                s.name,
+                s.endpoint(),
+                config.display(),
+                if params.key.is_some() { "; holds the key: keep it as secret as the pool file" } else { "" }
+            );
+            write!(out, "{}", params.to_yaml(&comment))?;
+        }
+        Ok(())
+    })
 }

@@ -43,19 +43,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let s = served.service(&s.name).unwrap_or(s);
         table::with_hops(s, table::build_service(s), previous.as_ref().and_then(|p| p.service(&s.name)))
     };
-    let mut out = std::io::stdout().lock();
-    if json {
-        let services: Vec<serde_json::Value> = selected.iter().map(|s| report::table_json(s, &build(s))).collect();
-        serde_json::to_writer(&mut out, &serde_json::json!({ "services": services })).context("writing JSON")?;
-        writeln!(out)?;
-    } else {
-        for (i, s) in selected.iter().enumerate() {
-            if i > 0 {
-                writeln!(out)?;
+    super::to_stdout(|out| {
+        if json {
+            let services: Vec<serde_json::Value> = selected.iter().map(|s| report::table_json(s, &build(s))).collect();
+            serde_json::to_writer(&mut *out, &serde_json::json!({ "services": services })).context("writing JSON")?;
+            writeln!(out)?;
+        } else {
+            for (i, s) in selected.iter().enumerate() {
+                if i > 0 {
+                    writeln!(out)?;
+                }
+                write!(out, "{}", report::table_text(s, &build(s)))?;
             }
-            write!(out, "{}", report::table_text(s, &build(s)))?;
         }
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+        Ok(())
+    })
 }
