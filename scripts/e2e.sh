@@ -37,7 +37,7 @@ V=${V:-0}
 E2E_CAPACITY=${E2E_CAPACITY:-$((100 * $(nproc)))}
 
 # The shared helpers first, then a file per feature.
-for part in lib basic reload lifecycle health conntrack encap pin metrics dashboard fleet second_chance load quic package; do
+for part in lib basic reload lifecycle health conntrack encap pin metrics dashboard fleet second_chance store load quic package; do
     # shellcheck source=/dev/null # each is checked on its own
     source "scripts/e2e/$part.sh"
 done
@@ -60,6 +60,9 @@ TESTS=(
     "test_load_a_slower_backend_gets_less native"
     "test_load_slow_start_and_what_agents_say native"
     "test_load_two_nodes_reading_the_same_agents_agree native"
+    "test_store_fleet_follows_one_store_and_loses_no_connection native lb"
+    "test_store_fleet_follows_one_store_and_loses_no_connection generic lb"
+    "test_store_fleet_follows_one_store_and_loses_no_connection native etcdctl"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native on"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once generic on"
     "test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once native off"
@@ -117,6 +120,7 @@ declare -A WEIGHT=(
     ["test_pin_restart_kill_and_upgrade_lose_no_connection"]=180
     ["test_reload_under_traffic_moves_only_what_it_must"]=130
     ["test_second_chance_keeps_every_connection_when_nodes_and_pools_change_at_once"]=130
+    ["test_store_fleet_follows_one_store_and_loses_no_connection"]=150
     ["test_3000_tcp_connections_follow_the_table"]=120
     ["test_client_ip_keeps_each_client_on_one_backend"]=110
     ["test_encap_backend_removed_under_traffic_moves_only_its_flows"]=110
@@ -147,6 +151,8 @@ declare -A WEIGHT=(
 # package (cargo-deb compiles for half a minute the first time), builds a Debian root with
 # debootstrap (about 40 s here) and boots systemd in it.
 declare -A TIMEOUTS=(
+    ["test_store_fleet_follows_one_store_and_loses_no_connection native lb"]=240
+    ["test_store_fleet_follows_one_store_and_loses_no_connection generic lb"]=240
     ["test_package_installs_on_fresh_debian_runs_under_systemd_and_purges_clean native"]=600
 )
 

@@ -3,7 +3,7 @@
 #
 #   scripts/setup.sh            building lb and running the demo (the default)
 #   scripts/setup.sh test       that, and what the tests use: bpftool, strace, curl, Prometheus,
-#                               Chromium, BIRD, fish, zsh, man; cargo-nextest when missing or
+#                               Chromium, BIRD, etcd, fish, zsh, man; cargo-nextest when missing or
 #                               older than .config/nextest.toml asks
 #   scripts/setup.sh package    that, and what making and testing the Debian package needs:
 #                               cargo-deb, lintian, debootstrap, systemd-container
@@ -58,6 +58,9 @@ if ((level >= 1)); then
     # for the second-chance tests' backends behind a REDIRECT; the completions test loads
     # `lb completions` into real shells, and man renders the man pages.
     install --no-install-recommends bpftool strace curl python3 prometheus chromium bird2 nftables fish zsh man-db
+    # The fleet store's tests run a real etcd cluster (Debian's etcd 3.4: its JSON gateway is
+    # what lb speaks) and write into it with etcdctl; openssl makes their TLS certificates.
+    install --no-install-recommends etcd-server etcd-client openssl
 fi
 
 if ((level >= 2)); then

@@ -14,5 +14,5 @@
 
 pub mod balancer;
 
-pub use lb_core::{clock, config, diff, flowhash, health, load, metrics, plan, quic_lb, report, stable, stats, table};
+pub use lb_core::{clock, config, diff, fleet, flowhash, health, load, metrics, plan, quic_lb, report, stable, stats, table};
 pub use lb_dataplane as dataplane;

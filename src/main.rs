@@ -11,6 +11,7 @@ mod commands;
 mod daemon;
 mod log;
 mod settings;
+mod store;
 mod xdp;
 
 /// `lb --version`: the crate's version, the commit it was built from (build.rs) and the layout
@@ -63,6 +64,13 @@ enum Command {
     Completions(commands::completions::Args),
     /// Show which slots a change from OLD to NEW would move, before applying it.
     Diff(commands::diff::Args),
+    /// Push a pool file to a fleet's store (etcd): validate it, show what it moves against the
+    /// stored pool, then write it and the pool it replaces in one transaction that fails if
+    /// the stored pool changed meanwhile.
+    Push(commands::push::Args),
+    /// Show the nodes that serve a pool from the store: the revision and digests each applied,
+    /// how far each lags, and any disagreement (exit status 1).
+    Fleet(commands::fleet::Args),
 }
 
 fn main() -> ExitCode {
@@ -99,6 +107,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Man(args) => commands::man::run(args, Cli::command()),
         Command::Completions(args) => commands::completions::run(args, Cli::command()),
         Command::Diff(args) => commands::diff::run(args),
+        Command::Push(args) => commands::push::run(args),
+        Command::Fleet(args) => commands::fleet::run(args),
     }
 }
 

@@ -36,4 +36,13 @@ pub struct Settings {
     pub metrics: Option<SocketAddr>,
     /// `--announce`: the interface that holds the VIPs as host addresses, for BGP.
     pub announce: Option<String>,
+    /// `--config etcd://...`: the fleet's store the pool comes from (`config` is then its URL).
+    pub store: Option<StoreSettings>,
+}
+
+/// Where a fleet node's pool comes from, and the name it goes by there.
+pub struct StoreSettings {
+    pub url: lb::fleet::StoreUrl,
+    /// `--node-name`: its view's key under the pool's.
+    pub node: String,
 }

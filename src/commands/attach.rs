@@ -19,7 +19,9 @@ use lb::dataplane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_CAPACITY};
 
 use super::values::{address_prefix, on_off, seconds};
 use crate::daemon;
-use crate::settings::Settings;
+use crate::settings::{Settings, StoreSettings};
+use crate::store::{Client, Snapshot};
+use lb::fleet::StoreUrl;
 use crate::xdp::ModeArg;
 
 // No doc comment here: on a flattened struct it would replace the subcommand's own about text.
@@ -30,9 +32,17 @@ pub struct Args {
     #[arg(value_name = "IFACE")]
     iface: String,
     /// The pool YAML file: services and their backends (docs/configuration.md). Re-read when
-    /// it changes, on SIGHUP, and every --recheck-interval.
+    /// it changes, on SIGHUP, and every --recheck-interval. Or a fleet's store,
+    /// etcd://HOST:PORT[,HOST:PORT...]/KEY (docs/fleet.md): the pool `lb push` wrote there,
+    /// followed revision by revision, with this node's view published beside it.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: PathBuf,
+    /// With --config etcd://...: this node's name in the store (its view's key) [default: the
+    /// host's name].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    #[command(flatten)]
+    store_tls: crate::store::TlsArgs,
     /// Where the program runs: native (driver), generic (any interface, slower), or auto
     /// (native, falling back to generic with a warning).
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
@@ -100,19 +110,68 @@ pub struct Args {
 
 /// `lb attach`: the flags become one validated [`Settings`] value, and the daemon serves it.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let (settings, pool, content) = settings(args)?;
-    daemon::run(settings, pool, &content)
+    let (settings, pool, content, first) = settings(args)?;
+    daemon::run(settings, pool, &content, first)
+}
+
+/// How long `lb attach --config etcd://...` waits for the store at start.
+const STORE_WAIT: Duration = Duration::from_secs(10);
+
+/// The store's client and the first read of the pool's range (with --config etcd://...).
+pub type FirstRead = (Client, Snapshot);
+
+/// The pool from the store at start: read whole (every member tried, again for STORE_WAIT),
+/// validated with the pool it replaced.
+fn from_store(url: &StoreUrl, tls: &crate::store::TlsArgs) -> Result<(Pool, Vec<u8>, FirstRead)> {
+    let client = Client::new(url, tls, crate::commands::push::CALL_TIMEOUT)?;
+    let started = std::time::Instant::now();
+    let snap = loop {
+        match client.range(&url.key, &url.range_end()) {
+            Ok(s) => break s,
+            Err(e) if started.elapsed() >= STORE_WAIT => {
+                bail!("{url}: {e:#}; nothing was attached (a pinned data plane keeps serving what it has)")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    };
+    let Some(kv) = snap.get(&url.key) else {
+        bail!("{url}: no pool at {} (push one with `lb push FILE --to {url}`); nothing was attached", url.key);
+    };
+    let (name, previous_name) = (PathBuf::from(format!("{url}@{}", kv.mod_revision)), PathBuf::from(format!("{url}/previous@{}", kv.mod_revision)));
+    let previous = snap.get(&url.previous_key()).map(|p| (previous_name.as_path(), p.value.as_slice()));
+    let pool = config::parse_stored(&name, &kv.value, previous).map_err(anyhow::Error::new)?;
+    let bytes = kv.value.clone();
+    Ok((pool, bytes, (client, snap)))
 }
 
 /// The flags checked against each other and against the pool they name, which is loaded and
-/// validated here whole; returns the settings, the pool and the file's bytes.
-fn settings(a: Args) -> Result<(Settings, Pool, Vec<u8>)> {
+/// validated here whole; returns the settings, the pool, the file's bytes and, from a store, the
+/// store's first read.
+fn settings(a: Args) -> Result<(Settings, Pool, Vec<u8>, Option<FirstRead>)> {
     let v4 = a.encap_source.iter().filter(|s| s.0.is_ipv4()).count();
     if v4 > 1 || a.encap_source.len() - v4 > 1 {
         bail!("--encap-source: give at most one address per family");
     }
     // The whole pool is validated before the first syscall.
-    let (pool, content) = config::load_bytes(&a.config).map_err(anyhow::Error::new)?;
+    let text = a.config.to_string_lossy();
+    let (pool, content, first, store) = if StoreUrl::is_store(&text) {
+        let url = StoreUrl::parse(&text).map_err(|e| anyhow::anyhow!("--config: {e}"))?;
+        let node = match a.node_name.clone() {
+            Some(n) => n,
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default(),
+        };
+        if node.is_empty() || node.contains('/') || node.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            bail!("--node-name {node:?}: a node's name is not empty and has no '/', space or control character");
+        }
+        let (pool, content, first) = from_store(&url, &a.store_tls)?;
+        (pool, content, Some(first), Some(StoreSettings { url, node }))
+    } else {
+        if a.node_name.is_some() || a.store_tls.store_cacert.is_some() {
+            bail!("--node-name and --store-* go with --config etcd://...");
+        }
+        let (pool, content) = config::load_bytes(&a.config).map_err(anyhow::Error::new)?;
+        (pool, content, None, None)
+    };
     let needed: u64 = pool.services.iter().map(|s| s.slots as u64).sum();
     if needed > a.table_capacity as u64 {
         bail!(
@@ -137,8 +196,9 @@ fn settings(a: Args) -> Result<(Settings, Pool, Vec<u8>)> {
         pin: a.pin.then_some(a.pin_dir),
         metrics: a.metrics,
         announce: a.announce,
+        store,
     };
-    Ok((settings, pool, content))
+    Ok((settings, pool, content, first))
 }
 
 #[cfg(test)]
@@ -160,7 +220,7 @@ mod tests {
         let pool = pool();
         let mut argv = vec!["lb", "eth9", "--config", pool.as_str()];
         argv.extend_from_slice(extra);
-        super::settings(Cli::try_parse_from(argv)?.args)
+        super::settings(Cli::try_parse_from(argv)?.args).map(|(s, p, c, _)| (s, p, c))
     }
 
     #[test]

@@ -39,6 +39,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let meta = maps.meta()?.context("the pinned lb_meta has a format this version does not know")?;
     let running = controller_holds(&dir, meta.controller_pid);
     let st = lb::balancer::status(&maps)?;
+    // With --config etcd://...: the controller's word on the fleet's store.
+    let fleet: Option<serde_json::Value> = running
+        .then(|| std::fs::read(crate::daemon::fleet_status_path(iface)).ok())
+        .flatten()
+        .and_then(|b| serde_json::from_slice(&b).ok());
     let mut out = std::io::stdout().lock();
     if json {
         let v = serde_json::json!({
@@ -51,6 +56,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "layout_matches": meta.layout == layout_hash(),
             "controller": if running { serde_json::json!({"pid": meta.controller_pid, "since_ms": meta.controller_since}) } else { serde_json::Value::Null },
             "status": st.json(),
+            "fleet": fleet,
         });
         serde_json::to_writer(&mut out, &v)?;
         writeln!(out)?;
@@ -65,6 +71,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
             writeln!(out, "controller: lb pid {}, since {}", meta.controller_pid, since_text(meta.controller_since))?;
         } else {
             writeln!(out, "controller: none (forwarding with the tables it has; health checks and reloads wait for one)")?;
+        }
+        if let Some(f) = &fleet {
+            let state = if f["connected"].as_bool() == Some(true) {
+                "connected".to_string()
+            } else {
+                format!("DOWN for {:.1} s{}", f["lost_for_ms"].as_u64().unwrap_or(0) as f64 / 1e3, if f["alone"].as_bool() == Some(true) { ", deciding alone" } else { "" })
+            };
+            writeln!(
+                out,
+                "store: {} as node {}: {state}; pool revision {}, decided at {}{}",
+                f["store"].as_str().unwrap_or("-"),
+                f["node"].as_str().unwrap_or("-"),
+                f["pool_revision"],
+                f["revision"],
+                f["refused"]["revision"].as_u64().map_or(String::new(), |r| format!("; refused revision {r}: {}", f["refused"]["reason"].as_str().unwrap_or("")))
+            )?;
         }
         write!(out, "{}", st.text())?;
     }

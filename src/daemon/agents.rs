@@ -3,7 +3,7 @@
 //! what its answer is, and when each epoch's weights are decided. lb::load decides them; the
 //! asking runs on the prober's threads (probe.rs). docs/load.md describes the protocol.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use lb::config::{AgentCheck, Pool};
+use lb::fleet::decide::agent_report;
+use lb::fleet::view::{AgentSeen, NodeView};
 use lb::load::{self, decided_epoch, epoch_at, epoch_length, point_in, unix_ms, Adjustment, Key, Loads, DECIDE_AT, POLL_AT};
 
 use super::describe::label_of;
@@ -103,6 +105,9 @@ pub(super) struct Agents {
     /// The pool the last [`Agents::apply`] made, and whether it differed from the one before.
     last_pool: Option<Pool>,
     changed: bool,
+    /// Per backend, the newest epoch asked and what its agent answered this node then (None:
+    /// nothing usable), for the node's view in a fleet's store.
+    seen: HashMap<Key, (u64, Option<load::Report>)>,
 }
 
 impl AsFd for Agents {
@@ -128,6 +133,7 @@ impl Agents {
             change_log: ChangeLog::default(),
             last_pool: None,
             changed: true,
+            seen: HashMap::new(),
         })
     }
 
@@ -193,6 +199,7 @@ impl Agents {
             };
             if outcome != Outcome::Late {
                 self.loads.record(&key, epoch, len, report);
+                self.seen.insert(key.clone(), (epoch, report));
             }
             seen(&key.0, &key.1, outcome, took);
             let before = self.last_outcome.insert(key.clone(), outcome);
@@ -270,6 +277,34 @@ impl Agents {
         applied.pool
     }
 
+    /// In a fleet: the report each agent's backend is weighed by in the epoch being decided is
+    /// the fleet's, the median of what the live nodes' views say their agents answered
+    /// (lb_core::fleet::decide), in place of this node's own.
+    pub(super) fn share(&mut self, pool: &Pool, views: &[&NodeView]) {
+        let now = unix_ms();
+        for s in pool.services.iter().filter(|s| s.agent.is_some()) {
+            let len = epoch_length(s);
+            let epoch = decided_epoch(now, len);
+            for b in &s.backends {
+                let id = b.identity();
+                if let Some(report) = agent_report(views.iter().copied(), &s.name, &id, epoch) {
+                    self.loads.record(&(s.name.clone(), id), epoch, len, report);
+                }
+            }
+        }
+    }
+
+    /// What each agent answered this node in the newest epoch asked, for its view.
+    pub(super) fn seen(&self, pool: &Pool) -> BTreeMap<String, BTreeMap<String, AgentSeen>> {
+        let mut out: BTreeMap<String, BTreeMap<String, AgentSeen>> = BTreeMap::new();
+        for ((service, backend), (epoch, report)) in &self.seen {
+            if pool.service(service).is_some_and(|s| s.agent.is_some() && s.backends.iter().any(|b| b.identity() == *backend)) {
+                out.entry(service.clone()).or_default().insert(backend.clone(), AgentSeen { epoch: *epoch, report: report.map(|r| r.text()) });
+            }
+        }
+        out
+    }
+
     /// Whether the last [`Agents::apply`] made another pool than the one before it.
     pub(super) fn changed(&self) -> bool {
         self.changed
@@ -283,6 +318,7 @@ impl Agents {
         self.asking.retain(|k, _| new.service(&k.0).is_some_and(|s| s.agent.is_some()));
         let in_pool = |k: &Key| new.service(&k.0).is_some_and(|s| s.backends.iter().any(|b| b.identity() == k.1));
         self.last_outcome.retain(|k, _| in_pool(k));
+        self.seen.retain(|k, _| in_pool(k));
         self.change_log.last.retain(|(k, _), _| in_pool(k));
         kept
     }

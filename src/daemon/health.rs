@@ -4,7 +4,7 @@
 //! backend is down is served with all of them (fail open). The probes themselves run on the
 //! prober's threads (probe.rs).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Instant;
@@ -94,7 +94,9 @@ impl HealthChecks {
     /// Takes the probe results that arrived (each backend's probe record, once a result is
     /// added to it, also goes to `seen`); true when a backend changed state, so that the pool
     /// is installed again.
-    pub(super) fn results(&mut self, pool: &Pool, mut seen: impl FnMut(&Key, &ProbeRecord)) -> bool {
+    /// `shared`: the fleet decides (this node's checks are one view of several), which the log
+    /// says instead of what the slots do.
+    pub(super) fn results(&mut self, pool: &Pool, shared: bool, mut seen: impl FnMut(&Key, &ProbeRecord)) -> bool {
         let mut changed = false;
         for (key, result, took) in self.prober.drain() {
             let Some(s) = pool.service(&key.0) else { continue };
@@ -110,14 +112,13 @@ impl HealthChecks {
             let label = label_of(pool, &key.0, &key.1);
             match h.record(result.map_err(String::from), check.rise, check.fall) {
                 Some(Transition::Down { failures, reason }) => {
-                    log(format!(
-                        "health: {} backend {label} is down after {failures} failed probes ({reason}); its slots go to the others",
-                        key.0
-                    ));
+                    let then = if shared { "this node tells the fleet" } else { "its slots go to the others" };
+                    log(format!("health: {} backend {label} is down after {failures} failed probes ({reason}); {then}", key.0));
                     changed = true;
                 }
                 Some(Transition::Up { successes }) => {
-                    log(format!("health: {} backend {label} is up after {successes} good probes; its slots come back", key.0));
+                    let then = if shared { "this node tells the fleet" } else { "its slots come back" };
+                    log(format!("health: {} backend {label} is up after {successes} good probes; {then}", key.0));
                     self.recovered.push(key.clone());
                     changed = true;
                 }
@@ -132,9 +133,30 @@ impl HealthChecks {
         std::mem::take(&mut self.recovered)
     }
 
-    /// The pool with health applied, saying which services begin or stop failing open.
-    pub(super) fn effective(&mut self, pool: &Pool) -> Pool {
-        let (effective, open) = health::effective(pool, &self.map);
+    /// The backends this node's own checks see down.
+    pub(super) fn down_set(&self, pool: &Pool) -> BTreeSet<Key> {
+        self.map.iter().filter(|(k, h)| !h.healthy && pool.service(&k.0).is_some_and(|s| s.health_check.is_some())).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// The pool with health applied, saying which services begin or stop failing open: this
+    /// node's own checks, or the fleet's decision (`decided`: the backends it takes as down).
+    pub(super) fn effective(&mut self, pool: &Pool, decided: Option<&BTreeSet<Key>>) -> Pool {
+        let shared;
+        let map = match decided {
+            Some(down) => {
+                let mut m = self.map.clone();
+                for (k, h) in m.iter_mut() {
+                    h.healthy = !down.contains(k);
+                }
+                for k in down {
+                    m.entry(k.clone()).or_default().healthy = false;
+                }
+                shared = m;
+                &shared
+            }
+            None => &self.map,
+        };
+        let (effective, open) = health::effective(pool, map);
         for s in &open {
             if !self.failing_open.contains(s) {
                 log(format!("health: every backend of {s} is down; serving {s} with all of them (fail open) until one is up"));

@@ -77,6 +77,11 @@ pub(super) struct Metrics {
     probes: Family<ProbeLabels, Counter>,
     probe_latency: Family<ServiceLabel, Histogram>,
     agent_answers: Family<AgentLabels, Counter>,
+    /// With --config etcd://...: whether the store answers, and the revisions reached.
+    store_up: Gauge,
+    store_revision: Gauge,
+    store_pool_revision: Gauge,
+    store_lost: Counter,
     /// The label sets those three families hold (a family cannot list them), so that a service's
     /// or backend's series go when it leaves the pool.
     made: Arc<Mutex<Made>>,
@@ -99,6 +104,10 @@ impl Metrics {
             probes: Family::default(),
             probe_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10))),
             agent_answers: Family::default(),
+            store_up: Gauge::default(),
+            store_revision: Gauge::default(),
+            store_pool_revision: Gauge::default(),
+            store_lost: Counter::default(),
             made: Arc::new(Mutex::new(Made::default())),
         }
     }
@@ -202,7 +211,7 @@ impl prometheus_client::collector::Collector for Scrape {
 }
 
 /// Binds `addr` (an error here happens before anything is attached) and serves from a thread.
-pub(super) fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result<Metrics> {
+pub(super) fn start(addr: SocketAddr, maps: CounterMaps, model: Model, store: bool) -> Result<Metrics> {
     let listener = TcpListener::bind(addr).map_err(|e| anyhow!("--metrics {addr}: {e}")).context("starting the metrics server")?;
     let m = Metrics::new(model);
     let model = m.model.clone();
@@ -218,6 +227,12 @@ pub(super) fn start(addr: SocketAddr, maps: CounterMaps, model: Model) -> Result
         "Load agents' answers by service, backend and outcome: ok, garbage (a line lb could not read), failed (no line), late (after the interval's weights were decided)",
         m.agent_answers.clone(),
     );
+    if store {
+        registry.register("lb_store_up", "1 while the fleet's store (--config etcd://...) answers, 0 while it does not", m.store_up.clone());
+        registry.register("lb_store_revision", "The store revision this node's tables were last decided at", m.store_revision.clone());
+        registry.register("lb_store_pool_revision", "The store revision that wrote the pool this node serves", m.store_pool_revision.clone());
+        registry.register("lb_store_lost", "Times the store stopped answering", m.store_lost.clone());
+    }
     let plane = Arc::new(Scrape { maps, model, flows: Mutex::new((None, None)) });
     registry.register_collector(Box::new(plane.clone()));
     let site = Arc::new(Site { registry: Mutex::new(registry), plane, samples: Mutex::new((None, None)) });
@@ -325,6 +340,18 @@ impl Publisher {
     pub(super) fn probe(&self, service: &str, backend: &str, record: &ProbeRecord) {
         if let Some(m) = &self.metrics {
             m.probe(service, backend, record);
+        }
+    }
+
+    /// The fleet store's state: whether it answers, the revision decided at, the pool's.
+    pub(super) fn store(&self, up: bool, revision: u64, pool_revision: u64) {
+        if let Some(m) = &self.metrics {
+            if m.store_up.get() == 1 && !up {
+                m.store_lost.inc();
+            }
+            m.store_up.set(up as i64);
+            m.store_revision.set(revision as i64);
+            m.store_pool_revision.set(pool_revision as i64);
         }
     }
 

@@ -24,6 +24,9 @@
 //! - metrics_http.rs: the --metrics thread and what the loop publishes to it; http.rs: the
 //!   small HTTP/1 server it answers through (deadlines, a bound on connections).
 //! - watch.rs: the pool file's inotify watches and the debounce.
+//! - fleet.rs: with `--config etcd://...`, the fleet's store as last read (src/store/ follows it
+//!   and publishes this node's view), and the decisions the fleet shares; reload.rs applies
+//!   the pools it reads, state.rs installs the decisions.
 //! - stats.rs: --stats-interval's counters on stdout.
 //! - describe.rs: phrases several log lines share.
 //!
@@ -37,8 +40,10 @@
 mod agents;
 mod announce;
 pub(crate) use announce::state_path as announce_state_path;
+pub(crate) use fleet::status_path as fleet_status_path;
 mod describe;
 mod encap;
+mod fleet;
 mod health;
 mod http;
 mod metrics_http;
@@ -65,9 +70,10 @@ use reload::Reloader;
 use startup::Started;
 use state::Daemon;
 
-/// Serves `pool` (read from `content`) on the interface until a stop signal.
-pub fn run(settings: Settings, pool: Pool, content: &[u8]) -> Result<ExitCode> {
-    let Some(Started { mut daemon, attachment, pinning, signals, watcher }) = startup::start(&settings, pool, content)? else {
+/// Serves `pool` (read from `content`, or from the store's `first` read) on the interface until
+/// a stop signal.
+pub fn run(settings: Settings, pool: Pool, content: &[u8], first: Option<crate::commands::attach::FirstRead>) -> Result<ExitCode> {
+    let Some(Started { mut daemon, attachment, pinning, signals, watcher }) = startup::start(&settings, pool, content, first)? else {
         return Ok(ExitCode::SUCCESS);
     };
     let result = match serve::serve(&mut daemon, &signals, watcher, Reloader::new(&settings.config, content)) {

@@ -18,6 +18,8 @@ use lb::dataplane::link;
 use super::announce::vips_of;
 use super::describe::describe_touched;
 use super::encap::{sources_for, EncapSources};
+use super::fleet::{Seen, Stored};
+use lb::fleet::view::Refusal;
 use super::metrics_http::ReloadResult;
 use super::neighbours::{distinct_neighbours, next_hops};
 use super::state::{Daemon, Install};
@@ -27,6 +29,8 @@ use crate::log::log;
 /// file is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Cause {
+    /// A revision of the pool in the fleet's store.
+    Store(u64),
     Sighup,
     FileChanged,
     WatchRearmed,
@@ -36,6 +40,7 @@ pub(super) enum Cause {
 impl std::fmt::Display for Cause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Cause::Store(revision) => return write!(f, "store revision {revision}"),
             Cause::Sighup => "SIGHUP",
             Cause::FileChanged => "file changed",
             Cause::WatchRearmed => "watch re-armed",
@@ -74,10 +79,17 @@ impl Reloader {
 
     /// Re-reads the pool file by path and, when its content changed and is valid, applies it.
     pub(super) fn reload(&mut self, d: &mut Daemon, why: Cause) -> Result<()> {
+        if let Some(f) = &d.fleet {
+            // The store's watch follows the pool: there is no file to read.
+            if why == Cause::Sighup {
+                log(format!("reload (SIGHUP): the pool comes from {}; revision {} is applied", f.url, f.pool_revision));
+            }
+            return Ok(());
+        }
         let started = Instant::now();
         let Some((pool, bytes)) = self.read(d, why) else { return Ok(()) };
         let Some((via, sources)) = check(d, why, &pool, &bytes) else { return Ok(()) };
-        apply(d, why, pool, via, sources, started)
+        apply(d, why, pool, via, sources, started).map(|_| ())
     }
 
     /// The file's new content, parsed; None when it cannot be read, is unchanged or is invalid
@@ -140,10 +152,71 @@ fn check(d: &mut Daemon, why: Cause, pool: &Pool, bytes: &[u8]) -> Option<(HashM
     }
 }
 
+/// With --config etcd://...: takes the store's news in order. Each revision that changed the
+/// pool (or the pool it replaced) is validated and applied as a file's reload is; a pool no
+/// node could apply is refused, logged and named in this node's view, and the tables stay.
+/// Then the fleet's decisions are made at that revision; last, this node's view is published.
+pub(super) fn follow_store(d: &mut Daemon) -> Result<()> {
+    let Some(f) = d.fleet.as_mut() else { return Ok(()) };
+    let news = f.news();
+    for seen in news {
+        let Seen::Revision { revision, pool } = seen else { continue };
+        if let Some(stored) = pool {
+            from_store(d, stored)?;
+        }
+        d.decide(revision)?;
+    }
+    if let Some(f) = d.fleet.as_mut() {
+        if f.alone_changed() {
+            let revision = f.revision;
+            d.decide(revision)?;
+        }
+    }
+    d.publish_view();
+    Ok(())
+}
+
+/// One stored pool, validated with the pool it replaced and applied.
+fn from_store(d: &mut Daemon, stored: Stored) -> Result<()> {
+    let started = Instant::now();
+    let Some(f) = d.fleet.as_mut() else { return Ok(()) };
+    let why = Cause::Store(stored.revision);
+    let (name, previous_name) = stored.names(&f.url);
+    let previous = stored.previous.as_deref().map(|p| (previous_name.as_path(), p));
+    let refuse = |d: &mut Daemon, reason: String| {
+        if let Some(f) = d.fleet.as_mut() {
+            f.refused = Some(Refusal { revision: stored.revision, reason });
+        }
+    };
+    let pool = match config::parse_stored(&name, &stored.bytes, previous) {
+        Ok(pool) => pool,
+        Err(e) => {
+            log(format!("reload refused ({why}): {e}; the current tables keep serving"));
+            d.metrics.reload(ReloadResult::Refused, None);
+            refuse(d, e.to_string());
+            return Ok(());
+        }
+    };
+    let Some((via, sources)) = check(d, why, &pool, &stored.bytes) else {
+        refuse(d, format!("{} cannot serve it (this node's log says why)", d.ifc.name));
+        return Ok(());
+    };
+    if apply(d, why, pool, via, sources, started)? {
+        if let Some(f) = d.fleet.as_mut() {
+            f.pool_revision = stored.revision;
+            f.applied_ms = lb::clock::unix_ms();
+            f.refused = None;
+        }
+    } else {
+        refuse(d, "the data plane refused it (this node's log says why)".to_string());
+    }
+    Ok(())
+}
+
 /// Hands a checked pool on. VIPs it drops are withdrawn before their services go, VIPs it adds
 /// announced once they are served. If the data plane refuses it, the pool and health as they
-/// were stay.
-fn apply(d: &mut Daemon, why: Cause, pool: Pool, via: HashMap<IpAddr, IpAddr>, sources: EncapSources, started: Instant) -> Result<()> {
+/// were stay. Returns whether it was applied.
+fn apply(d: &mut Daemon, why: Cause, pool: Pool, via: HashMap<IpAddr, IpAddr>, sources: EncapSources, started: Instant) -> Result<bool> {
     d.encap.update(&mut d.dp, sources)?;
     let wanted = distinct_neighbours(&pool, &via);
     d.neighbours.set_via(&mut d.dp, via)?;
@@ -174,17 +247,18 @@ fn apply(d: &mut Daemon, why: Cause, pool: Pool, via: HashMap<IpAddr, IpAddr>, s
                 log(format!("  health: {line}"));
             }
             d.neighbours.set_list(wanted);
+            Ok(true)
         }
-        Ok(None) => {}
+        Ok(None) => Ok(false),
         Err(e) => {
             d.configured = previous;
             d.health.restore(kept);
             d.agents.restore(loads);
             log(format!("reload refused ({why}): {e:#}; the current tables keep serving"));
             d.metrics.reload(ReloadResult::Refused, None);
+            Ok(false)
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

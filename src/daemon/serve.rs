@@ -67,6 +67,10 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         // Answers first: an install that health causes uses every answer already read.
         d.on_agent_answers()?;
         d.on_probe_results()?;
+        if d.fleet.is_some() {
+            // The store's news (pools, the nodes' views) after this node's own observations.
+            super::reload::follow_store(d)?;
+        }
         if let Some(w) = &mut watcher {
             let seen = w.read();
             if seen.lost {
@@ -127,6 +131,9 @@ fn wait(d: &Daemon, signals: &SignalFd, watcher: Option<&Watcher>, timeout: Dura
     ];
     if let Some(w) = watcher {
         fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+    }
+    if let Some(f) = &d.fleet {
+        fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
     }
     match poll(&mut fds, PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX)) {
         Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),

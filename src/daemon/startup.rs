@@ -19,6 +19,7 @@ use lb::{report, table};
 use super::announce::{vips_of, Announcer};
 use super::describe::backend_label;
 use super::encap::{interface_mtu, sources_for, Encap, EncapSources};
+use super::fleet::Fleet;
 use super::agents::Agents;
 use super::health::HealthChecks;
 use super::metrics_http::{self, Metrics, Publisher};
@@ -54,7 +55,7 @@ struct Checked {
 }
 
 /// Starts serving `pool`; None when a stop signal came before anything was attached.
-pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> Result<Option<Started<'a>>> {
+pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8], first: Option<crate::commands::attach::FirstRead>) -> Result<Option<Started<'a>>> {
     let Checked { started_ms, ifc, pinning, found, mut nl, via, sources, mut announcer } = check(settings, &pool, content)?;
     // Before anything serves the new pool: a VIP it lacks must not stay announced, nor (with no
     // pinned data plane to adopt) any VIP before the program that serves it is attached.
@@ -106,13 +107,21 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8]) -> R
             dp.set_announce_ifindex(a.ifindex)?;
         }
     }
-    log(format!(
-        "serving; watching {} for changes (SIGHUP reloads too); Ctrl-C or SIGTERM {}",
-        settings.config.display(),
-        if settings.pin.is_some() { "stops lb and leaves the data plane pinned (lb detach removes it)" } else { "detaches" }
-    ));
+    let fleet = match (&settings.store, first) {
+        (Some(st), Some((client, snap))) => Some(Fleet::start(st.url.clone(), st.node.clone(), client, &snap)?),
+        _ => None,
+    };
+    let stop = if settings.pin.is_some() { "stops lb and leaves the data plane pinned (lb detach removes it)" } else { "detaches" };
+    match &fleet {
+        Some(f) => log(format!(
+            "serving; following {} from revision {} (pool revision {}) as node {}; Ctrl-C or SIGTERM {stop}",
+            f.url, f.revision, f.pool_revision, f.node
+        )),
+        None => log(format!("serving; watching {} for changes (SIGHUP reloads too); Ctrl-C or SIGTERM {stop}", settings.config.display())),
+    }
     let metrics = Publisher::new(metrics, &ifc.name, attachment.mode(), settings.conntrack_size);
-    let daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: HealthChecks::new()?, agents, announcer, metrics };
+    let mut daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: HealthChecks::new()?, agents, announcer, metrics, fleet };
+    daemon.publish_view();
     Ok(Some(Started { daemon, attachment, pinning, signals, watcher }))
 }
 
@@ -166,6 +175,10 @@ fn block_signals() -> Result<SignalFd> {
 
 /// The pool file's watcher; without one, reloads still happen on SIGHUP and the periodic check.
 fn watch(settings: &Settings) -> Option<Watcher> {
+    if settings.store.is_some() {
+        // The store's watch follows the pool (src/store/feed.rs).
+        return None;
+    }
     match Watcher::new(&settings.config) {
         Ok(w) => Some(w),
         Err(e) => {
@@ -179,7 +192,7 @@ fn watch(settings: &Settings) -> Option<Watcher> {
 /// the flag).
 fn start_metrics(settings: &Settings, dp: &Balancer) -> Result<Option<Metrics>> {
     match settings.metrics {
-        Some(addr) => Ok(Some(metrics_http::start(addr, dp.counter_maps()?, lb::metrics::Model::default())?)),
+        Some(addr) => Ok(Some(metrics_http::start(addr, dp.counter_maps()?, lb::metrics::Model::default(), settings.store.is_some())?)),
         None => Ok(None),
     }
 }

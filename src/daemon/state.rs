@@ -6,6 +6,7 @@
 use anyhow::Result;
 
 use lb::config::Pool;
+use lb::fleet::NodeView;
 use lb::dataplane::link::{self, mac_text, Interface};
 use lb::dataplane::netlink;
 use lb::plan::Touched;
@@ -13,7 +14,9 @@ use lb::plan::Touched;
 use super::agents::Agents;
 use super::announce::Announcer;
 use super::describe::describe_touched;
+use super::describe::label_of;
 use super::encap::Encap;
+use super::fleet::Fleet;
 use super::health::HealthChecks;
 use super::metrics_http::Publisher;
 use super::neighbours::Neighbours;
@@ -35,6 +38,8 @@ pub(super) struct Daemon<'a> {
     pub(super) agents: Agents,
     pub(super) announcer: Option<Announcer>,
     pub(super) metrics: Publisher,
+    /// With --config etcd://...: the fleet's store and its shared decisions.
+    pub(super) fleet: Option<Fleet>,
 }
 
 /// What asks for the pool with health and load applied to be installed: a reload's answer is
@@ -61,7 +66,12 @@ impl Daemon<'_> {
     /// A failure to apply a health or load change is logged and leaves the tables being served
     /// (None); any other failure (a reload's) is the caller's.
     pub(super) fn install_effective(&mut self, why: Install) -> Result<Option<Vec<Touched>>> {
-        let pool = self.health.effective(&self.configured);
+        // In a fleet that answers, the fleet's decisions; alone, this node's own.
+        let shared = self.fleet.as_ref().filter(|f| !f.alone());
+        let pool = self.health.effective(&self.configured, shared.map(|f| f.down()));
+        if let Some(f) = shared {
+            self.agents.share(&self.configured, &f.views());
+        }
         let pool = self.agents.apply(&self.configured, &pool);
         if why == Install::Load && !self.agents.changed() {
             // An interval decided nothing new: the tables stand; the reports may have moved.
@@ -98,16 +108,74 @@ impl Daemon<'_> {
         self.metrics.publish(&self.dp, &self.configured, self.health.map(), self.agents.adjustments());
     }
 
-    /// Takes the probe results that arrived, and installs the pool again if a backend changed.
+    /// Takes the probe results that arrived, and installs the pool again if a backend changed
+    /// (in a fleet, tells the fleet, whose decision comes back through the store).
     pub(super) fn on_probe_results(&mut self) -> Result<()> {
         let metrics = &self.metrics;
-        if self.health.results(&self.configured, |(service, backend), record| metrics.probe(service, backend, record)) {
+        let shared = self.fleet.as_ref().is_some_and(|f| !f.alone());
+        if self.health.results(&self.configured, shared, |(service, backend), record| metrics.probe(service, backend, record)) {
+            if shared {
+                self.health.take_recovered();
+                self.publish_view();
+                return Ok(());
+            }
             for key in self.health.take_recovered() {
                 self.agents.recovered(&self.configured, &key);
             }
             self.install_effective(Install::Health)?;
         }
         Ok(())
+    }
+
+    /// The fleet's health decision at store revision `revision` (or, alone, this node's own),
+    /// installed when it changed.
+    pub(super) fn decide(&mut self, revision: u64) -> Result<()> {
+        let own = self.health.down_set(&self.configured);
+        let Some(f) = self.fleet.as_mut() else { return Ok(()) };
+        let Some((left, back)) = f.decide(revision, own) else { return Ok(()) };
+        let alone = f.alone();
+        for (k, went) in left.iter().map(|k| (k, true)).chain(back.iter().map(|k| (k, false))) {
+            let (n, of) = f.count_down(k);
+            let who = if alone { "this node's own checks, alone".to_string() } else { format!("{n} of {of} live nodes see it down") };
+            let label = label_of(&self.configured, &k.0, &k.1);
+            let what = if went { "is down" } else { "is up again" };
+            let then = if went { "its slots go to the others" } else { "its slots come back" };
+            log(format!("fleet: at revision {revision}, {} backend {label} {what} ({who}); {then}", k.0));
+        }
+        for k in &back {
+            self.agents.recovered(&self.configured, k);
+        }
+        self.install_effective(Install::Health)?;
+        Ok(())
+    }
+
+    /// This node's view, handed to the store's thread when it changed; and the store's state
+    /// to the metrics and to `lb status`.
+    pub(super) fn publish_view(&mut self) {
+        let own = self.health.down_set(&self.configured);
+        let agents = self.agents.seen(&self.configured);
+        let digests = self.dp.installed().iter().map(|s| (s.name.clone(), format!("{:016x}", s.digest()))).collect();
+        let Some(f) = self.fleet.as_mut() else { return };
+        let mut down: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (svc, b) in own {
+            down.entry(svc).or_default().push(b);
+        }
+        let view = NodeView {
+            node: f.node.clone(),
+            interface: self.ifc.name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pool_revision: f.pool_revision,
+            revision: f.decided.max(f.pool_revision),
+            applied_ms: f.applied_ms,
+            services: digests,
+            down,
+            agents,
+            refused: f.refused.clone(),
+            alone: f.alone(),
+        };
+        self.metrics.store(f.connected(), view.revision, f.pool_revision);
+        f.write_status(&self.ifc.name, &view);
+        f.publish(view);
     }
 
     /// Takes the load agents' answers, and installs the pool again once an interval's weights

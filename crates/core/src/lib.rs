@@ -4,7 +4,7 @@
 //! builders that compile a backend pool into a fixed destination table ([`table`]), the
 //! comparison of two pools ([`diff`]), the reload planner ([`plan`]), the flow hash
 //! ([`flowhash`]), the rule that makes a changed slot stable again ([`stable`]), health's
-//! rise and fall ([`health`]), load-aware weights ([`load`]), QUIC-LB's connection IDs
+//! rise and fall ([`health`]), load-aware weights ([`load`]), the fleet's shared state and decisions ([`fleet`]), QUIC-LB's connection IDs
 //! ([`quic_lb`]), the data plane's counters by name ([`counters`]) and their snapshots ([`stats`]), the metrics model ([`metrics`]) and the text and JSON
 //! that the commands print ([`report`]). None of it needs root, a kernel, libbpf or clang, so
 //! every rule of the design can be tested anywhere, and the crate has no way to reach the data
@@ -35,6 +35,7 @@ pub mod clock;
 pub mod config;
 pub mod counters;
 pub mod diff;
+pub mod fleet;
 pub mod flowhash;
 pub mod health;
 pub mod load;

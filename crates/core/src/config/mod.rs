@@ -388,6 +388,56 @@ pub fn io_message(e: &std::io::Error) -> String {
 
 /// Validates file contents; `path` is only used in error messages.
 pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
+    let (mut pool, text) = parse_alone(path, bytes)?;
+    if let Some(file) = &pool.previous_file {
+        let at = path.parent().unwrap_or(Path::new("")).join(file);
+        let field = |message: String| field_error(path, text, "previous", message);
+        let meta = std::fs::metadata(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
+        if meta.is_dir() {
+            return Err(field(format!("{}: is a directory, expected a YAML file", at.display())));
+        }
+        if !meta.is_file() {
+            return Err(field(format!("{}: is not a regular file, expected a YAML file", at.display())));
+        }
+        let bytes = std::fs::read(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
+        std::str::from_utf8(&bytes).map_err(|_| field(format!("{}: the file is not valid UTF-8", at.display())))?;
+        pool.previous = Some(Box::new(previous_pool(&at, &bytes)?));
+    }
+    Ok(pool)
+}
+
+/// Validates a pool kept in a fleet store (lb_core::fleet): `bytes` named `name` in errors (the
+/// store's URL and the revision), with the pool it replaced, also from the store, as its
+/// previous pool (one step back, as a previous file is). The store keeps the previous pool
+/// itself, so a `previous:` key is refused.
+pub fn parse_stored(name: &Path, bytes: &[u8], previous: Option<(&Path, &[u8])>) -> Result<Pool, ConfigError> {
+    let (mut pool, text) = parse_alone(name, bytes)?;
+    if pool.previous_file.is_some() {
+        return Err(field_error(name, text, "previous", "a pool in the store names no previous file: the store keeps the pool it replaced (lb push writes both); remove this line"));
+    }
+    if let Some((at, bytes)) = previous {
+        pool.previous = Some(Box::new(previous_pool(at, bytes)?));
+    }
+    Ok(pool)
+}
+
+/// A previous pool's bytes, validated; its own `previous:` is read but not followed.
+fn previous_pool(at: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
+    let whole = |message: String| ConfigError { file: at.to_path_buf(), line: None, column: None, field: String::new(), message };
+    let text = std::str::from_utf8(bytes).map_err(|_| whole("the file is not valid UTF-8".to_string()))?;
+    let doc = yaml::parse(text).map_err(|e| ConfigError {
+        file: at.to_path_buf(),
+        line: e.line,
+        column: e.column,
+        field: String::new(),
+        message: format!("invalid YAML: {}", e.message),
+    })?;
+    let previous = validate::pool(at, &doc)?;
+    Ok(Pool { services: previous.services, previous_file: None, previous: None })
+}
+
+/// Validates a pool's own text, without reading the previous pool it names.
+fn parse_alone<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Pool, &'b str), ConfigError> {
     let whole = |line: Option<usize>, column: Option<usize>, message: String| ConfigError {
         file: path.to_path_buf(),
         line,
@@ -408,31 +458,7 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Pool, ConfigError> {
         return Err(whole(None, None, "the file is empty; expected a mapping with a `services` list".to_string()));
     }
     let doc = yaml::parse(text).map_err(|e| whole(e.line, e.column, format!("invalid YAML: {}", e.message)))?;
-    let mut pool = validate::pool(path, &doc)?;
-    if let Some(file) = &pool.previous_file {
-        let at = path.parent().unwrap_or(Path::new("")).join(file);
-        let field = |message: String| field_error(path, text, "previous", message);
-        let meta = std::fs::metadata(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
-        if meta.is_dir() {
-            return Err(field(format!("{}: is a directory, expected a YAML file", at.display())));
-        }
-        if !meta.is_file() {
-            return Err(field(format!("{}: is not a regular file, expected a YAML file", at.display())));
-        }
-        let bytes = std::fs::read(&at).map_err(|e| field(format!("{}: {}", at.display(), io_message(&e))))?;
-        let text = std::str::from_utf8(&bytes).map_err(|_| field(format!("{}: the file is not valid UTF-8", at.display())))?;
-        let doc = yaml::parse(text).map_err(|e| ConfigError {
-            file: at.clone(),
-            line: e.line,
-            column: e.column,
-            field: String::new(),
-            message: format!("invalid YAML: {}", e.message),
-        })?;
-        // One step back only: the previous file's own `previous:` is read but not followed.
-        let previous = validate::pool(&at, &doc)?;
-        pool.previous = Some(Box::new(Pool { services: previous.services, previous_file: None, previous: None }));
-    }
-    Ok(pool)
+    Ok((validate::pool(path, &doc)?, text))
 }
 
 /// The previous pool file a pool file's text names (`previous:`, resolved against the pool
@@ -509,6 +535,21 @@ mod tests {
         assert_eq!(s.hash, HashMode::ClientIp);
         assert_eq!(s.backends[0].weight, 1);
         assert_eq!(s.backends[0].identity(), "10.99.0.11");
+    }
+
+    #[test]
+    fn a_stored_pool_takes_its_previous_pool_from_the_store_and_names_no_file() {
+        let body = "services:\n  - {name: web, vip: 10.0.0.1, port: 80, backends: [10.1.0.1, 10.1.0.2]}\n";
+        let old = body.replace(", 10.1.0.2", "");
+        let name = Path::new("etcd://h:2379/lb/pool@7");
+        let pool = parse_stored(name, body.as_bytes(), Some((Path::new("etcd://h:2379/lb/pool/previous@7"), old.as_bytes()))).unwrap();
+        assert_eq!(pool.previous.as_deref().map(|p| p.services[0].backends.len()), Some(1));
+        assert!(parse_stored(name, body.as_bytes(), None).unwrap().previous.is_none());
+        let e = parse_stored(name, format!("previous: old.yaml\n{body}").as_bytes(), None).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (Some(1), "previous"));
+        assert!(e.to_string().starts_with("etcd://h:2379/lb/pool@7:1:11: previous: "), "{e}");
+        let e = parse_stored(name, body.as_bytes(), Some((Path::new("etcd://h:2379/lb/pool/previous@7"), b"services: [x"))).unwrap_err();
+        assert!(e.to_string().starts_with("etcd://h:2379/lb/pool/previous@7:"), "{e}");
     }
 
     #[test]

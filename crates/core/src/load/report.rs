@@ -18,6 +18,24 @@ pub enum State {
     Down,
 }
 
+impl Report {
+    /// The report as an agent line that [`parse`] reads back as the same report: how a node
+    /// publishes what its agent said (src/fleet/view.rs).
+    pub fn text(&self) -> String {
+        let state = self.state.map(|s| match s {
+            State::Ready => "ready",
+            State::Drain => "drain",
+            State::Down => "down",
+        });
+        match (state, self.capacity) {
+            (Some(s), Some(c)) => format!("{s} {c}%"),
+            (Some(s), None) => s.to_string(),
+            (None, Some(c)) => format!("{c}%"),
+            (None, None) => "ready".to_string(),
+        }
+    }
+}
+
 /// Reads one agent line; an error says what was wrong with it (and the caller counts it and keeps
 /// the last good report).
 pub fn parse(line: &str) -> Result<Report, String> {
@@ -68,6 +86,10 @@ mod tests {
         assert_eq!(parse("DRAIN").unwrap().state, Some(State::Drain));
         assert_eq!(parse("down").unwrap().state, Some(State::Down));
         assert_eq!(parse("up 60% maxconn:30 # busy").unwrap(), Report { state: Some(State::Ready), capacity: Some(60) });
+        for line in ["75%", "ready 40%", "drain", "down 10%", "ready"] {
+            let r = parse(line).unwrap();
+            assert_eq!(parse(&r.text()).unwrap(), r, "{line}");
+        }
         for bad in ["", "  ", "101%", "-3%", "x%", "fast", "50% 60%", "ready drain"] {
             assert!(parse(bad).is_err(), "{bad:?} must be refused");
         }

@@ -51,6 +51,16 @@ pub struct LiveService {
     pub algorithm_param: u32,
 }
 
+impl LiveService {
+    /// The table's fingerprint as `lb status` computes it from the maps and `lb table` from a
+    /// pool: each slot's owner and second-chance hops, by identity.
+    pub fn digest(&self) -> u64 {
+        let hash_of: std::collections::HashMap<u32, u64> = self.backends.iter().map(|b| (b.id, identity_hash(&b.identity))).collect();
+        let of = |o: &u32| hash_of.get(o).copied().unwrap_or(0);
+        crate::table::digest_of_hashes(self.owners.iter().map(of).chain(self.hops.iter().flat_map(|h| [of(&h[0]), of(&h[1])])))
+    }
+}
+
 /// What is installed: a mirror of the maps' contents, plus the allocators.
 #[derive(Debug, Clone, Default)]
 pub struct State {

@@ -1,0 +1,125 @@
+//! `lb push FILE --to etcd://.../KEY`: a fleet's change in one command. The file is validated
+//! with `lb check`'s rules, compared with the pool the store holds (what `lb diff` would
+//! move), then written with the pool it replaces in one transaction that holds only if the
+//! stored pool is still the one compared against: two pushes from the same revision cannot
+//! both land.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use lb::config;
+use lb::fleet::StoreUrl;
+use lb::{diff, report};
+
+use crate::store::{Client, Pushed, TlsArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The pool YAML file to push (no `previous:` line: the store keeps the pool it replaces).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// Where: etcd://HOST:PORT[,HOST:PORT...]/KEY, the URL the nodes' --config names.
+    #[arg(long, value_name = "URL", value_parser = store_url)]
+    to: StoreUrl,
+    /// Validate and show what would move, and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Push only if the stored pool is still the one written at revision REV (what a review
+    /// looked at, `lb push --dry-run` or `lb fleet` printed it); 0: only if there is none yet.
+    #[arg(long, value_name = "REV")]
+    expect_revision: Option<u64>,
+    /// Print JSON: the revision compared against, the diff, and the revision written.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// `--to`'s and `lb fleet`'s URL.
+pub(crate) fn store_url(s: &str) -> Result<StoreUrl, String> {
+    StoreUrl::parse(s)
+}
+
+/// How long one call to one member may take.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (pool, bytes) = config::load_bytes(&args.file).map_err(anyhow::Error::new)?;
+    if pool.previous_file.is_some() {
+        // Positioned as a validation error is.
+        let text = String::from_utf8_lossy(&bytes);
+        return Err(anyhow::Error::new(config::field_error(
+            &args.file,
+            &text,
+            "previous",
+            "the store keeps the pool this one replaces (lb push writes both): remove this line",
+        )));
+    }
+    let client = Client::new(&args.to, &args.tls, CALL_TIMEOUT)?;
+    let stored = client.range(&args.to.key, &format!("{}\0", args.to.key)).context("reading the pool in the store")?;
+    let current = stored.get(&args.to.key);
+    let base = current.map_or(0, |kv| kv.mod_revision);
+    if let Some(expected) = args.expect_revision.filter(|&r| r != base) {
+        bail!(
+            "{}: conflict: the stored pool is at revision {base}, not {expected} as --expect-revision says; nothing was written (look at it with lb fleet, then push again)",
+            args.to
+        );
+    }
+    let old = match current {
+        Some(kv) => Some(config::parse_stored(Path::new(&format!("{}@{}", args.to, kv.mod_revision)), &kv.value, None).ok()),
+        None => None,
+    };
+    let new = lb::load::at_full_capacity(&pool);
+    let diffs = diff::diff(&old.clone().flatten().map_or_else(Default::default, |p| lb::load::at_full_capacity(&p)), &new);
+    let same = current.is_some_and(|kv| kv.value == bytes);
+    let outcome = if args.dry_run || same {
+        None
+    } else {
+        Some(client.push(&args.to, &bytes, base, current.map(|kv| kv.value.as_slice()))?)
+    };
+    super::to_stdout(|out| {
+        if args.json {
+            let written = match &outcome {
+                Some(Pushed::Written(r)) => serde_json::json!(r),
+                _ => serde_json::Value::Null,
+            };
+            let v = serde_json::json!({
+                "to": args.to.to_string(),
+                "base_revision": base,
+                "dry_run": args.dry_run,
+                "unchanged": same,
+                "conflict": outcome == Some(Pushed::Conflict),
+                "revision": written,
+                "diff": report::diff_json(&diffs),
+            });
+            serde_json::to_writer(&mut *out, &v).context("writing JSON")?;
+            writeln!(out)?;
+        } else {
+            match (&old, base) {
+                (None, _) => writeln!(out, "{}: no pool yet; this is the first", args.to)?,
+                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid; it is replaced whole", args.to)?,
+                (Some(Some(_)), r) => writeln!(out, "{}: against revision {r}:", args.to)?,
+            }
+            write!(out, "{}", report::diff_text(&diffs))?;
+            match &outcome {
+                _ if same => writeln!(out, "unchanged: the store holds this pool already (revision {base}); nothing written")?,
+                None => writeln!(out, "dry run: nothing written")?,
+                Some(Pushed::Written(r)) if base == 0 => writeln!(out, "pushed: revision {r}, the first pool at the key")?,
+                Some(Pushed::Written(r)) => writeln!(out, "pushed: revision {r}; the pool it replaces (revision {base}) is the fleet's previous pool")?,
+                Some(Pushed::Conflict) => {}
+            }
+        }
+        Ok(())
+    })?;
+    if outcome == Some(Pushed::Conflict) {
+        bail!(
+            "{}: conflict: the pool changed after revision {base}, which this push was compared against; nothing was written (look at it with lb fleet, then push again)",
+            args.to
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

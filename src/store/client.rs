@@ -1,0 +1,304 @@
+//! The calls lb makes to etcd, each tried on every member in turn from the last that answered:
+//! a range read, the push transaction, a put, leases, and the watch's stream.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+
+use lb::fleet::StoreUrl;
+
+/// etcd's TLS: its CA, and a client certificate and key when the cluster asks for one.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TlsArgs {
+    /// The CA of an etcd that serves TLS (as etcdctl's --cacert); with it, lb speaks https to
+    /// every member.
+    #[arg(long, value_name = "FILE")]
+    pub store_cacert: Option<PathBuf>,
+    /// A client certificate for an etcd that asks for one (--client-cert-auth), with --store-key.
+    #[arg(long, value_name = "FILE", requires = "store_key")]
+    pub store_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "store_cert")]
+    pub store_key: Option<PathBuf>,
+}
+
+/// One key's value as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kv {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub mod_revision: u64,
+    pub create_revision: u64,
+}
+
+/// A range read: the keys and the store's revision they were read at.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub revision: u64,
+    pub kvs: Vec<Kv>,
+}
+
+impl Snapshot {
+    pub fn get(&self, key: &str) -> Option<&Kv> {
+        self.kvs.iter().find(|kv| kv.key == key)
+    }
+}
+
+/// What a push transaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pushed {
+    /// Written at this revision.
+    Written(u64),
+    /// The pool changed after the revision compared against: nothing was written.
+    Conflict,
+}
+
+/// A client for one etcd cluster.
+pub struct Client {
+    endpoints: Vec<String>,
+    scheme: &'static str,
+    agent: ureq::Agent,
+    /// The watch's agent: its reads wait as long as a watch may stay quiet.
+    watch_agent: ureq::Agent,
+    /// The member that answered last.
+    preferred: AtomicUsize,
+}
+
+/// How long a watch may stay quiet before it is opened again (from the revision it reached).
+pub const WATCH_IDLE: Duration = Duration::from_secs(30);
+
+impl Client {
+    /// `timeout` bounds each call to one member (connecting, sending and reading).
+    pub fn new(url: &StoreUrl, tls: &TlsArgs, timeout: Duration) -> Result<Client> {
+        let mut agent = ureq::AgentBuilder::new().timeout_connect(timeout.min(Duration::from_secs(2))).timeout(timeout);
+        let mut watch_agent = ureq::AgentBuilder::new().timeout_connect(timeout.min(Duration::from_secs(2))).timeout_read(WATCH_IDLE);
+        let scheme = match &tls.store_cacert {
+            Some(ca) => {
+                let config = super::tls::config(ca, tls.store_cert.as_deref(), tls.store_key.as_deref())?;
+                agent = agent.tls_config(config.clone());
+                watch_agent = watch_agent.tls_config(config);
+                "https"
+            }
+            None if tls.store_cert.is_some() => bail!("--store-cert needs --store-cacert (etcd's CA)"),
+            None => "http",
+        };
+        Ok(Client { endpoints: url.endpoints.clone(), scheme, agent: agent.build(), watch_agent: watch_agent.build(), preferred: AtomicUsize::new(0) })
+    }
+
+    /// POSTs `body` to `path` on each member in turn, from the last that answered, until one
+    /// answers; an error answer of etcd's (a failed precondition, an unknown lease) is returned
+    /// as it is, without trying others.
+    fn call(&self, path: &str, body: &Value) -> Result<Value> {
+        let text = body.to_string();
+        let mut errors = Vec::new();
+        let first = self.preferred.load(Ordering::Relaxed);
+        for i in 0..self.endpoints.len() {
+            let at = (first + i) % self.endpoints.len();
+            let url = format!("{}://{}{path}", self.scheme, self.endpoints[at]);
+            match self.agent.post(&url).set("content-type", "application/json").send_string(&text) {
+                Ok(resp) => {
+                    self.preferred.store(at, Ordering::Relaxed);
+                    let mut body = String::new();
+                    resp.into_reader().take(64 << 20).read_to_string(&mut body)?;
+                    return serde_json::from_str(&body).map_err(|e| anyhow!("{}: an answer that is not JSON: {e}", self.endpoints[at]));
+                }
+                // 5xx: this member cannot serve now (no leader, a timeout): the next may.
+                Err(ureq::Error::Status(code, resp)) if code < 500 => return Err(anyhow!("{}: {}", self.endpoints[at], etcd_error(code, resp))),
+                Err(ureq::Error::Status(code, resp)) => errors.push(format!("{}: {}", self.endpoints[at], etcd_error(code, resp))),
+                Err(ureq::Error::Transport(t)) => errors.push(format!("{}: {}", self.endpoints[at], transport_text(&t))),
+            }
+        }
+        Err(anyhow!("no member of the store answered ({})", errors.join("; ")))
+    }
+
+    /// Every key from `key` up to `end` (exclusive), at one revision.
+    pub fn range(&self, key: &str, end: &str) -> Result<Snapshot> {
+        let v = self.call("/v3/kv/range", &json!({"key": B64.encode(key), "range_end": B64.encode(end)}))?;
+        let revision = num(&v["header"]["revision"]);
+        let kvs = v["kvs"].as_array().map(|a| a.iter().filter_map(kv_of).collect()).unwrap_or_default();
+        Ok(Snapshot { revision, kvs })
+    }
+
+    /// Writes `pool` at the URL's key and, in the same transaction, what it replaces at the
+    /// previous key (`replaced`: the pool read at `base`, or nothing when the key was empty,
+    /// which deletes the previous key), only if the pool key is still as read: modified last
+    /// at `base` (0: absent).
+    pub fn push(&self, url: &StoreUrl, pool: &[u8], base: u64, replaced: Option<&[u8]>) -> Result<Pushed> {
+        let key = B64.encode(&url.key);
+        let compare = if base == 0 {
+            json!({"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
+        } else {
+            json!({"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": base.to_string()})
+        };
+        let previous = B64.encode(url.previous_key());
+        let second = match replaced {
+            Some(old) => json!({"request_put": {"key": previous, "value": B64.encode(old)}}),
+            None => json!({"request_delete_range": {"key": previous}}),
+        };
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [compare],
+                "success": [{"request_put": {"key": key, "value": B64.encode(pool)}}, second],
+            }),
+        )?;
+        // proto3's JSON leaves out a false: no `succeeded` is a compare that failed.
+        if v["succeeded"].as_bool() == Some(true) {
+            Ok(Pushed::Written(num(&v["header"]["revision"])))
+        } else {
+            Ok(Pushed::Conflict)
+        }
+    }
+
+    /// Puts `value` at `key`, bound to `lease` (0: none).
+    pub fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<u64> {
+        let mut body = json!({"key": B64.encode(key), "value": B64.encode(value)});
+        if lease != 0 {
+            body["lease"] = json!(lease.to_string());
+        }
+        let v = self.call("/v3/kv/put", &body)?;
+        Ok(num(&v["header"]["revision"]))
+    }
+
+    /// A new lease of `ttl`; its ID.
+    pub fn grant(&self, ttl: Duration) -> Result<i64> {
+        let v = self.call("/v3/lease/grant", &json!({"TTL": ttl.as_secs().max(1).to_string()}))?;
+        let id = v["ID"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+        if id == 0 {
+            bail!("the store granted no lease: {v}");
+        }
+        Ok(id)
+    }
+
+    /// Keeps `lease` alive; false when it has expired (its keys are gone).
+    pub fn keep_alive(&self, lease: i64) -> Result<bool> {
+        let v = self.call("/v3/lease/keepalive", &json!({"ID": lease.to_string()}))?;
+        Ok(num(&v["result"]["TTL"]) > 0)
+    }
+
+    /// Ends `lease` and deletes its keys.
+    pub fn revoke(&self, lease: i64) -> Result<()> {
+        self.call("/v3/lease/revoke", &json!({"ID": lease.to_string()})).map(|_| ())
+    }
+
+    /// Opens a watch on `key`..`end` from `revision`: the answers, one JSON object each, as the
+    /// store sends them.
+    pub fn watch(&self, key: &str, end: &str, revision: u64) -> Result<Watch> {
+        let body = json!({"create_request": {"key": B64.encode(key), "range_end": B64.encode(end), "start_revision": revision.to_string()}}).to_string();
+        let mut errors = Vec::new();
+        let first = self.preferred.load(Ordering::Relaxed);
+        for i in 0..self.endpoints.len() {
+            let at = (first + i) % self.endpoints.len();
+            let url = format!("{}://{}/v3/watch", self.scheme, self.endpoints[at]);
+            match self.watch_agent.post(&url).set("content-type", "application/json").send_string(&body) {
+                Ok(resp) => {
+                    let stream = serde_json::Deserializer::from_reader(resp.into_reader()).into_iter::<Value>();
+                    return Ok(Watch { stream: Box::new(stream), member: self.endpoints[at].clone() });
+                }
+                Err(ureq::Error::Status(code, resp)) => errors.push(format!("{}: {}", self.endpoints[at], etcd_error(code, resp))),
+                Err(ureq::Error::Transport(t)) => errors.push(format!("{}: {}", self.endpoints[at], transport_text(&t))),
+            }
+        }
+        Err(anyhow!("no member of the store answered ({})", errors.join("; ")))
+    }
+}
+
+/// An open watch.
+pub struct Watch {
+    stream: Box<dyn Iterator<Item = serde_json::Result<Value>> + Send>,
+    /// The member it reads from.
+    pub member: String,
+}
+
+/// One answer of a watch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchAnswer {
+    /// The watch is open.
+    Created,
+    /// Changes, each a key with its new value (None: deleted) and the revision that made it.
+    Events(Vec<(String, Option<Vec<u8>>, u64)>),
+    /// The store ended the watch (its start was compacted away, or it was cancelled): read the
+    /// whole range again.
+    Ended(String),
+}
+
+impl Watch {
+    /// The next answer; an error when the stream broke or stayed quiet for WATCH_IDLE.
+    pub fn next(&mut self) -> Result<WatchAnswer> {
+        let v = match self.stream.next() {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => bail!("{}: the watch broke: {e}", self.member),
+            None => bail!("{}: the watch ended", self.member),
+        };
+        if let Some(e) = v.get("error") {
+            bail!("{}: {}", self.member, e["message"].as_str().unwrap_or("an error"));
+        }
+        let r = &v["result"];
+        if r["canceled"].as_bool() == Some(true) || num(&r["compact_revision"]) > 0 {
+            let why = r["cancel_reason"].as_str().filter(|s| !s.is_empty()).map_or_else(|| format!("compacted at revision {}", num(&r["compact_revision"])), str::to_string);
+            return Ok(WatchAnswer::Ended(why));
+        }
+        let events: Vec<_> = r["events"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| {
+                        let kv = &e["kv"];
+                        let key = String::from_utf8(B64.decode(kv["key"].as_str()?).ok()?).ok()?;
+                        let deleted = e["type"].as_str() == Some("DELETE");
+                        let value = if deleted { None } else { Some(kv["value"].as_str().map_or(Ok(Vec::new()), |s| B64.decode(s)).ok()?) };
+                        Some((key, value, num(&kv["mod_revision"])))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if events.is_empty() {
+            return Ok(WatchAnswer::Created);
+        }
+        Ok(WatchAnswer::Events(events))
+    }
+}
+
+/// proto3's JSON writes 64-bit numbers as strings, and leaves zeros out.
+fn num(v: &Value) -> u64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_u64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn kv_of(v: &Value) -> Option<Kv> {
+    let key = String::from_utf8(B64.decode(v["key"].as_str()?).ok()?).ok()?;
+    let value = v["value"].as_str().map_or(Ok(Vec::new()), |s| B64.decode(s)).ok()?;
+    Some(Kv { key, value, mod_revision: num(&v["mod_revision"]), create_revision: num(&v["create_revision"]) })
+}
+
+/// etcd's own words for an error answer.
+fn etcd_error(code: u16, resp: ureq::Response) -> String {
+    let mut body = String::new();
+    let _ = resp.into_reader().take(64 << 10).read_to_string(&mut body);
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    match v["message"].as_str().or(v["error"].as_str()) {
+        Some(m) => format!("HTTP {code}: {m}"),
+        None => format!("HTTP {code}"),
+    }
+}
+
+/// A transport error without the URL ureq puts in it (the member is named already).
+fn transport_text(t: &ureq::Transport) -> String {
+    let kind = t.kind().to_string();
+    match t.message() {
+        Some(m) => format!("{kind}: {m}"),
+        None => match std::error::Error::source(t) {
+            Some(s) => format!("{kind}: {s}"),
+            None => kind,
+        },
+    }
+}
