@@ -310,7 +310,7 @@ fn man_pages_cover_every_command_and_flag() {
     let dir = std::env::temp_dir().join(format!("lb-cli-{}-man", std::process::id()));
     let o = lb(&["man", dir.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let commands = ["check", "table", "attach", "detach", "status", "decap", "agent", "quic-lb", "man", "completions", "diff"];
+    let commands = ["check", "table", "attach", "detach", "status", "decap", "agent", "quic-lb", "man", "completions", "diff", "push", "fleet"];
     let written: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
     assert_eq!(written.len(), commands.len() + 1, "{written:?}");
     for sub in [None].into_iter().chain(commands.iter().map(Some)) {

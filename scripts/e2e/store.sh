@@ -106,7 +106,7 @@ st_spread() { # PATTERN NODE...
         sleep 0.01
     done
     for n in "$@"; do
-        [ -n "${at[$n]:-}" ] || fail "node $n has no line matching '$pattern' after $(((($(date +%s%N) - t0)) / 1000000)) ms"
+        [ -n "${at[$n]:-}" ] || fail "node $n has no line matching '$pattern' after $((($(date +%s%N) - t0) / 1000000)) ms"
         first=$(( ${first:-${at[$n]}} < at[$n] ? ${first:-${at[$n]}} : at[$n] ))
         last=$(( ${last:-0} > at[$n] ? ${last:-0} : at[$n] ))
     done
@@ -114,7 +114,7 @@ st_spread() { # PATTERN NODE...
 }
 
 # lb fleet's JSON, from the first member's namespace.
-st_fleet() { ip netns exec "$PREFIX-e1" "$LB" fleet "$(st_url)" --json "$@"; }
+st_fleet() { ip netns exec "$PREFIX-e1" "$LB" fleet "$(st_url)" --json; }
 
 # Until lb fleet says every live node (N of them) serves the newest pool alike (at most 10 s).
 st_agree() { # N
@@ -165,7 +165,7 @@ test_store_fleet_follows_one_store_and_loses_no_connection() { # MODE lb|etcdctl
     sleep 1.5
     st_start_node nc "$mode"
     sc_wait_nexthops 3 || fail "node C did not join the ECMP set"
-    st_pool "$WORK/p1.yaml" "" 1:2 2 3 4
+    st_pool "$WORK/p1.yaml" "" 1:3 2 3 4
     st_push "$WORK/p1.yaml" "$how"
     rev=$(st_etcdctl get /lb/pool -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kvs"][0]["mod_revision"])')
     ms=$(st_spread "reload (store revision $rev)" na nb nc)
@@ -189,7 +189,7 @@ test_store_fleet_follows_one_store_and_loses_no_connection() { # MODE lb|etcdctl
     HOLD_TRIES=400 hold_open "$TOPO_RCLIENTS4" 300 14 --patience 12 --first-port 41000 ${keep[@]+"${keep[@]}"}
     CHURN_COUNT=20 CHURN_TIMEOUT_MS=4000 churn_start "$TOPO_RCLIENTS4"
     sleep 1.5
-    st_pool "$WORK/p2.yaml" "" 1:2 2:drain 3 4
+    st_pool "$WORK/p2.yaml" "" 1:3 2:drain 3 4
     ip -n "$PREFIX-na" link set eth0 down
     st_push "$WORK/p2.yaml" "$how"
     rev=$(st_etcdctl get /lb/pool -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kvs"][0]["mod_revision"])')

@@ -20,7 +20,7 @@ use lb::dataplane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_CAPACITY};
 use super::values::{address_prefix, on_off, seconds};
 use crate::daemon;
 use crate::settings::{Settings, StoreSettings};
-use crate::store::{Client, Snapshot};
+use crate::store::{Client, FirstRead};
 use lb::fleet::StoreUrl;
 use crate::xdp::ModeArg;
 
@@ -117,13 +117,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// How long `lb attach --config etcd://...` waits for the store at start.
 const STORE_WAIT: Duration = Duration::from_secs(10);
 
-/// The store's client and the first read of the pool's range (with --config etcd://...).
-pub type FirstRead = (Client, Snapshot);
 
 /// The pool from the store at start: read whole (every member tried, again for STORE_WAIT),
 /// validated with the pool it replaced.
 fn from_store(url: &StoreUrl, tls: &crate::store::TlsArgs) -> Result<(Pool, Vec<u8>, FirstRead)> {
-    let client = Client::new(url, tls, crate::commands::push::CALL_TIMEOUT)?;
+    let client = Client::new(url, tls, crate::store::CALL_TIMEOUT)?;
     let started = std::time::Instant::now();
     let snap = loop {
         match client.range(&url.key, &url.range_end()) {

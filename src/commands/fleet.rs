@@ -7,16 +7,16 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 
 use lb::fleet::url::Entry;
-use lb::fleet::{summary::Summary, NodeView, StoreUrl};
+use lb::fleet::{summary::Summary, NodeView};
 
-use super::push::{store_url, CALL_TIMEOUT};
-use crate::store::{Client, TlsArgs};
+use super::push::store_url;
+use crate::store::{Client, TlsArgs, CALL_TIMEOUT};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// etcd://HOST:PORT[,HOST:PORT...]/KEY, as the nodes' --config names it.
-    #[arg(value_name = "URL", value_parser = store_url)]
-    url: StoreUrl,
+    #[arg(value_name = "URL")]
+    url: String,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -26,13 +26,14 @@ pub struct Args {
 
 /// Exits 0 when every live node serves the newest pool with the same tables, 1 otherwise.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let client = Client::new(&args.url, &args.tls, CALL_TIMEOUT)?;
-    let snap = client.range(&args.url.key, &args.url.range_end()).context("reading the store")?;
-    let pool_revision = snap.get(&args.url.key).map_or(0, |kv| kv.mod_revision);
+    let url = store_url(&args.url)?;
+    let client = Client::new(&url, &args.tls, CALL_TIMEOUT)?;
+    let snap = client.range(&url.key, &url.range_end()).context("reading the store")?;
+    let pool_revision = snap.get(&url.key).map_or(0, |kv| kv.mod_revision);
     let nodes: Vec<NodeView> = snap
         .kvs
         .iter()
-        .filter(|kv| matches!(args.url.classify(&kv.key), Entry::Node(_)))
+        .filter(|kv| matches!(url.classify(&kv.key), Entry::Node(_)))
         .filter_map(|kv| NodeView::from_json(&kv.value))
         .collect();
     let summary = Summary::new(snap.revision, pool_revision, nodes);

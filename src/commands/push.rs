@@ -7,7 +7,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -15,7 +14,7 @@ use lb::config;
 use lb::fleet::StoreUrl;
 use lb::{diff, report};
 
-use crate::store::{Client, Pushed, TlsArgs};
+use crate::store::{Client, Pushed, TlsArgs, CALL_TIMEOUT};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,8 +22,8 @@ pub struct Args {
     #[arg(value_name = "FILE")]
     file: PathBuf,
     /// Where: etcd://HOST:PORT[,HOST:PORT...]/KEY, the URL the nodes' --config names.
-    #[arg(long, value_name = "URL", value_parser = store_url)]
-    to: StoreUrl,
+    #[arg(long, value_name = "URL")]
+    to: String,
     /// Validate and show what would move, and write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -39,15 +38,15 @@ pub struct Args {
     tls: TlsArgs,
 }
 
-/// `--to`'s and `lb fleet`'s URL.
-pub(crate) fn store_url(s: &str) -> Result<StoreUrl, String> {
-    StoreUrl::parse(s)
+/// `--to`'s and `lb fleet`'s URL, read here rather than by clap, whose error would echo a
+/// password given in it.
+pub(crate) fn store_url(s: &str) -> Result<StoreUrl> {
+    StoreUrl::parse(s).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// How long one call to one member may take.
-pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    let to = store_url(&args.to)?;
     let (pool, bytes) = config::load_bytes(&args.file).map_err(anyhow::Error::new)?;
     if pool.previous_file.is_some() {
         // Positioned as a validation error is.
@@ -59,27 +58,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "the store keeps the pool this one replaces (lb push writes both): remove this line",
         )));
     }
-    let client = Client::new(&args.to, &args.tls, CALL_TIMEOUT)?;
-    let stored = client.range(&args.to.key, &format!("{}\0", args.to.key)).context("reading the pool in the store")?;
-    let current = stored.get(&args.to.key);
+    let client = Client::new(&to, &args.tls, CALL_TIMEOUT)?;
+    let stored = client.range(&to.key, &format!("{}\0", to.key)).context("reading the pool in the store")?;
+    let current = stored.get(&to.key);
     let base = current.map_or(0, |kv| kv.mod_revision);
     if let Some(expected) = args.expect_revision.filter(|&r| r != base) {
         bail!(
             "{}: conflict: the stored pool is at revision {base}, not {expected} as --expect-revision says; nothing was written (look at it with lb fleet, then push again)",
-            args.to
+            to
         );
     }
-    let old = match current {
-        Some(kv) => Some(config::parse_stored(Path::new(&format!("{}@{}", args.to, kv.mod_revision)), &kv.value, None).ok()),
-        None => None,
-    };
+    let old = current.map(|kv| config::parse_stored(Path::new(&format!("{}@{}", to, kv.mod_revision)), &kv.value, None).ok());
     let new = lb::load::at_full_capacity(&pool);
     let diffs = diff::diff(&old.clone().flatten().map_or_else(Default::default, |p| lb::load::at_full_capacity(&p)), &new);
     let same = current.is_some_and(|kv| kv.value == bytes);
     let outcome = if args.dry_run || same {
         None
     } else {
-        Some(client.push(&args.to, &bytes, base, current.map(|kv| kv.value.as_slice()))?)
+        Some(client.push(&to, &bytes, base, current.map(|kv| kv.value.as_slice()))?)
     };
     super::to_stdout(|out| {
         if args.json {
@@ -88,7 +84,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 _ => serde_json::Value::Null,
             };
             let v = serde_json::json!({
-                "to": args.to.to_string(),
+                "to": to.to_string(),
                 "base_revision": base,
                 "dry_run": args.dry_run,
                 "unchanged": same,
@@ -100,9 +96,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             writeln!(out)?;
         } else {
             match (&old, base) {
-                (None, _) => writeln!(out, "{}: no pool yet; this is the first", args.to)?,
-                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid; it is replaced whole", args.to)?,
-                (Some(Some(_)), r) => writeln!(out, "{}: against revision {r}:", args.to)?,
+                (None, _) => writeln!(out, "{}: no pool yet; this is the first", to)?,
+                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid; it is replaced whole", to)?,
+                (Some(Some(_)), r) => writeln!(out, "{}: against revision {r}:", to)?,
             }
             write!(out, "{}", report::diff_text(&diffs))?;
             match &outcome {
@@ -118,7 +114,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if outcome == Some(Pushed::Conflict) {
         bail!(
             "{}: conflict: the pool changed after revision {base}, which this push was compared against; nothing was written (look at it with lb fleet, then push again)",
-            args.to
+            to
         );
     }
     Ok(ExitCode::SUCCESS)

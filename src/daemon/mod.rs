@@ -72,7 +72,7 @@ use state::Daemon;
 
 /// Serves `pool` (read from `content`, or from the store's `first` read) on the interface until
 /// a stop signal.
-pub fn run(settings: Settings, pool: Pool, content: &[u8], first: Option<crate::commands::attach::FirstRead>) -> Result<ExitCode> {
+pub fn run(settings: Settings, pool: Pool, content: &[u8], first: Option<crate::store::FirstRead>) -> Result<ExitCode> {
     let Some(Started { mut daemon, attachment, pinning, signals, watcher }) = startup::start(&settings, pool, content, first)? else {
         return Ok(ExitCode::SUCCESS);
     };

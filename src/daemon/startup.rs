@@ -55,7 +55,7 @@ struct Checked {
 }
 
 /// Starts serving `pool`; None when a stop signal came before anything was attached.
-pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8], first: Option<crate::commands::attach::FirstRead>) -> Result<Option<Started<'a>>> {
+pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8], first: Option<crate::store::FirstRead>) -> Result<Option<Started<'a>>> {
     let Checked { started_ms, ifc, pinning, found, mut nl, via, sources, mut announcer } = check(settings, &pool, content)?;
     // Before anything serves the new pool: a VIP it lacks must not stay announced, nor (with no
     // pinned data plane to adopt) any VIP before the program that serves it is attached.

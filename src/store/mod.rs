@@ -14,3 +14,10 @@ pub mod publish;
 mod tls;
 
 pub use client::{Client, Pushed, Snapshot, TlsArgs};
+
+/// How long one call to one member may take.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The store's client and the first read of the pool's range, with which `lb attach --config
+/// etcd://...` starts.
+pub type FirstRead = (Client, Snapshot);
