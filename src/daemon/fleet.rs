@@ -125,7 +125,8 @@ impl Fleet {
             f.pool_revision = s.revision;
             f.applied_ms = lb::clock::unix_ms();
         }
-        f.down = down_by_majority(f.views.values());
+        // Nothing is decided yet: the start served this node's own view (every backend up), and
+        // the first revision read decides, installing the fleet's decision if it differs.
         Ok(f)
     }
 

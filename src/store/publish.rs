@@ -86,7 +86,8 @@ impl Publisher {
                         }
                     }
                 }
-                if lease != 0 {
+                // A store that does not answer is not waited for at a stop: the lease runs out.
+                if lease != 0 && failing.is_none() {
                     let _ = client.revoke(lease);
                 }
             })
