@@ -23,13 +23,20 @@ fn free_port() -> u16 {
 
 impl Etcd {
     fn start(name: &str) -> Etcd {
+        Etcd::start_with(name, "http", &[], &[])
+    }
+
+    /// `scheme` for its client URLs, `etcd_args` for etcd, `lb_args` for the `lb fleet` that
+    /// waits until it answers.
+    fn start_with(name: &str, scheme: &str, etcd_args: &[String], lb_args: &[&str]) -> Etcd {
         let (client, peer) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("lb-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let child = Command::new("etcd")
             .args(["--name", "t", "--data-dir"])
             .arg(&dir)
-            .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}"), "--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(etcd_args)
+            .args(["--listen-client-urls", &format!("{scheme}://127.0.0.1:{client}"), "--advertise-client-urls", &format!("{scheme}://127.0.0.1:{client}")])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}"), "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
             .args(["--initial-cluster", &format!("t=http://127.0.0.1:{peer}"), "--log-level", "error", "--logger", "zap"])
             .stdout(Stdio::null())
@@ -43,7 +50,9 @@ impl Etcd {
             std::thread::sleep(Duration::from_millis(50));
         }
         // Listening is not serving yet: until a read answers.
-        while !lb(&["fleet", &etcd.url, "--json"]).stdout.starts_with(b"{") {
+        let mut args = vec!["fleet", etcd.url.as_str(), "--json"];
+        args.extend_from_slice(lb_args);
+        while !lb(&args).stdout.starts_with(b"{") {
             assert!(started.elapsed() < Duration::from_secs(20), "etcd did not answer");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -91,6 +100,7 @@ fn a_push_writes_the_pool_and_the_one_it_replaces_and_a_racing_push_writes_nothi
     assert!(dry["diff"]["services"][0]["moved"].as_u64().unwrap_or(0) > 0, "the dry run shows what moves: {dry}");
     let again = json(&lb(&["push", &p1, "--to", &etcd.url, "--json"]));
     assert_eq!((again["unchanged"].as_bool(), again["revision"].as_u64()), (Some(true), None), "{again}");
+    assert_eq!(json(&lb(&["fleet", &etcd.url, "--json"]))["pool_revision"].as_u64(), Some(r1), "a dry run and an unchanged pool write nothing");
 
     // Many pushes from one base at once: exactly one lands each time.
     let mut base = r1;
@@ -113,6 +123,22 @@ fn a_push_writes_the_pool_and_the_one_it_replaces_and_a_racing_push_writes_nothi
     let fleet = json(&lb(&["fleet", &etcd.url, "--json"]));
     assert_eq!(fleet["pool_revision"].as_u64(), Some(base), "{fleet}");
     assert_eq!(fleet["agree"].as_bool(), Some(false), "no node is live: {fleet}");
+    let endpoint = etcd.url.trim_start_matches("etcd://").trim_end_matches("/lb/pool").to_string();
+    let get = |key: &str| {
+        let o = Command::new("etcdctl").args(["--endpoints", &endpoint, "get", key, "--print-value-only"]).output().expect("etcdctl (etcd-client)");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let (now, before) = (get("/lb/pool"), get("/lb/pool/previous"));
+    assert!(now.contains("10.2.4.") && before.contains("10.2.3."), "the last round's pool and the one before it: {now} / {before}");
+
+    // A pool written by hand that no node could serve is no previous pool: the next push
+    // replaces it and keeps the previous pool as it was.
+    let mut put = Command::new("etcdctl").args(["--endpoints", &endpoint, "put", "/lb/pool"]).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().expect("etcdctl");
+    put.stdin.take().expect("stdin").write_all(b"services: [nonsense").expect("write");
+    assert!(put.wait().expect("etcdctl").success());
+    let o = lb(&["push", &p1, "--to", &etcd.url]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("is not valid (no node serves it)"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(get("/lb/pool/previous"), before, "the previous pool stays what nodes served before");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -150,4 +176,64 @@ fn store_urls_and_unreachable_stores_fail_clearly() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--config: \"etcd://127.0.0.1:9\": no key"), "{}", String::from_utf8_lossy(&o.stderr));
     let o = lb(&["fleet", "etcd://127.0.0.1:9/lb", "--store-cert", "/nonexistent"]);
     assert_eq!(o.status.code(), Some(2), "--store-cert needs --store-key: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// openssl ARGS in `dir`.
+fn openssl(dir: &Path, args: &str) {
+    let o = Command::new("openssl").current_dir(dir).args(args.split_whitespace()).output().expect("openssl is installed (scripts/setup.sh test)");
+    assert!(o.status.success(), "openssl {args}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_store_that_wants_client_certificates_gets_them_and_nothing_secret_is_printed() {
+    let dir = std::env::temp_dir().join(format!("lb-store-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    // A CA, the member's certificate for 127.0.0.1, a client's, and a CA nobody uses.
+    openssl(&dir, "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=lb-test-ca -keyout ca.key -out ca.pem");
+    openssl(&dir, "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=other-ca -keyout other.key -out other.pem");
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n").expect("ext");
+    for who in ["server", "client"] {
+        openssl(&dir, &format!("req -newkey rsa:2048 -nodes -subj /CN={who} -keyout {who}.key -out {who}.csr"));
+        openssl(&dir, &format!("x509 -req -in {who}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile san.ext -out {who}.pem"));
+    }
+    let path = |f: &str| dir.join(f).to_str().expect("utf-8").to_string();
+    let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client.key"));
+    let tls = ["--store-cacert", ca.as_str(), "--store-cert", cert.as_str(), "--store-key", key.as_str()];
+    let etcd_args: Vec<String> = ["--cert-file", &path("server.pem"), "--key-file", &path("server.key"), "--client-cert-auth", "--trusted-ca-file", &ca]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let etcd = Etcd::start_with("tls", "https", &etcd_args, &tls);
+    let p = pool(&dir, "p.yaml", "10.1.0.1");
+
+    let mut args = vec!["push", p.as_str(), "--to", etcd.url.as_str(), "--json"];
+    args.extend_from_slice(&tls);
+    let o = lb(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(json(&o)["revision"].as_u64().is_some());
+
+    // Without a client certificate, over plain HTTP, and trusting another CA: refused, and said.
+    let key_text = std::fs::read_to_string(dir.join("client.key")).expect("key");
+    let secret = key_text.lines().nth(1).expect("a key line");
+    for (what, extra) in [
+        ("no client certificate", vec!["--store-cacert", ca.as_str()]),
+        ("plain HTTP", vec![]),
+        ("another CA", vec!["--store-cacert", path("other.pem").leak(), "--store-cert", cert.as_str(), "--store-key", key.as_str()]),
+    ] {
+        let mut args = vec!["fleet", etcd.url.as_str()];
+        args.extend_from_slice(&extra);
+        let o = lb(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("no member of the store answered"), "{what}: {err}");
+        assert!(!err.contains(secret), "{what}: the key leaked: {err}");
+    }
+    // A key file that is not a key: named, its content never printed.
+    std::fs::write(dir.join("bad.key"), "not a key but a secret-looking line\n").expect("write");
+    let bad = path("bad.key");
+    let o = lb(&["fleet", etcd.url.as_str(), "--store-cacert", ca.as_str(), "--store-cert", cert.as_str(), "--store-key", bad.as_str()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.key: not a PEM private key") && !err.contains("secret-looking"), "{err}");
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(&dir);
 }

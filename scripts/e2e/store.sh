@@ -4,7 +4,8 @@
 # --config etcd://..., BIRD with ECMP, and four GUE backends running `lb decap --second-chance`
 # (the second-chance topology, scripts/lib/topology.sh topo_chaos_up). No pool file and no
 # previous file anywhere on a node: every change is `lb push`.
-#   round 1: node C joins the ECMP set and the pool changes (b4 added, b1 reweighted), pushed;
+#   round 1: the pool changes (b4 added, b1 reweighted), pushed, and node C starts fresh from the
+#            store and joins the ECMP set;
 #   round 2: node A's link goes down while b2 drains, pushed;
 # then, with second chance's previous pool from the store: one node firewalled from b3's checks
 # (b3 stays everywhere), b3's checks failing for every node (it leaves every table at one
@@ -28,7 +29,7 @@ st_member_start() { # I
         --listen-client-urls "http://10.96.0.2$i:2379" --advertise-client-urls "http://10.96.0.2$i:2379" \
         --listen-peer-urls "http://10.96.0.2$i:2380" --initial-advertise-peer-urls "http://10.96.0.2$i:2380" \
         --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$PREFIX" \
-        --heartbeat-interval 50 --election-timeout 500 --logger zap --log-level error >>"$WORK/etcd-e$i.log" 2>&1 &
+        --heartbeat-interval 50 --election-timeout 500 --auto-compaction-mode revision --auto-compaction-retention 1000 --logger zap --log-level error >>"$WORK/etcd-e$i.log" 2>&1 &
     echo $! >"$WORK/etcd-e$i.pid"
     echo $! >>"/tmp/$PREFIX.pids"
 }
@@ -89,8 +90,20 @@ st_start_node() { # NODE MODE
     wait_serving "$WORK/lb-$1.log" "${before:-0}" "$(cat "$WORK/lb-$1.pid")" "lb on $1" 200
 }
 
-# Until each NODE's log has a line matching PATTERN: prints the milliseconds between the first
-# and the last node's (polled every 10 ms, at most 10 s).
+# The lines of each node's log so far: st_spread and st_logged look only at the lines after.
+declare -A ST_FROM=()
+st_mark() {
+    local n
+    for n in $TOPO_CHAOS_NODES; do ST_FROM[$n]=$(wc -l <"$WORK/lb-$n.log" 2>/dev/null || echo 0); done
+}
+
+# Whether NODE's log has a line matching PATTERN after the last st_mark.
+st_logged() { # NODE PATTERN
+    tail -n "+$((${ST_FROM[$1]:-0} + 1))" "$WORK/lb-$1.log" 2>/dev/null | grep -- "$2" >/dev/null
+}
+
+# Until each NODE's log has a line matching PATTERN (after the last st_mark): prints the
+# milliseconds between the first and the last node's (polled every 10 ms, at most 10 s).
 st_spread() { # PATTERN NODE...
     local pattern=$1 n t0 first="" last="" left
     shift
@@ -100,7 +113,7 @@ st_spread() { # PATTERN NODE...
         left=0
         for n in "$@"; do
             [ -n "${at[$n]:-}" ] && continue
-            if grep -q -- "$pattern" "$WORK/lb-$n.log" 2>/dev/null; then at[$n]=$(date +%s%N); else left=1; fi
+            if st_logged "$n" "$pattern"; then at[$n]=$(date +%s%N); else left=1; fi
         done
         [ "$left" = 0 ] && break
         sleep 0.01
@@ -116,16 +129,33 @@ st_spread() { # PATTERN NODE...
 # lb fleet's JSON, from the first member's namespace.
 st_fleet() { ip netns exec "$PREFIX-e1" "$LB" fleet "$(st_url)" --json; }
 
+# Whether lb fleet says N live nodes serve the newest pool alike.
+st_agrees() { # N
+    st_fleet 2>/dev/null | python3 -c 'import json, sys; v = json.load(sys.stdin); sys.exit(0 if v["agree"] and len(v["nodes"]) == int(sys.argv[1]) else 1)' "$1"
+}
+
 # Until lb fleet says every live node (N of them) serves the newest pool alike (at most 10 s).
 st_agree() { # N
-    wait_until 100 0.1 bash -c "ip netns exec '$PREFIX-e1' '$LB' fleet '$(st_url)' --json 2>/dev/null | python3 -c 'import json,sys; v=json.load(sys.stdin); sys.exit(0 if v[\"agree\"] and len(v[\"nodes\"]) == $1 else 1)'" \
-        || { st_fleet >&2; fail "the fleet's $1 nodes never agreed"; }
+    wait_until 100 0.1 st_agrees "$1" || { st_fleet >&2; fail "the fleet's $1 nodes never agreed"; }
+}
+
+# Whether lb fleet names N nodes that refused revision REV.
+st_refusals() { # REV N
+    [ "$(ip netns exec "$PREFIX-e1" "$LB" fleet "$(st_url)" 2>/dev/null | grep -c "refused revision $1")" = "$2" ]
+}
+
+# Whether the nodes' views name, for web, the backends DOWN says: "na=b3 nb= nc=".
+st_views_down() { # DOWN
+    [ "$(st_fleet 2>/dev/null | python3 -c 'import json, sys; print(" ".join(n["node"] + "=" + ",".join(n["down"].get("web", [])) for n in json.load(sys.stdin)["nodes"]))')" = "$1" ]
 }
 
 st_teardown() {
-    local n f
-    for n in $TOPO_CHAOS_NODES; do
-        if [ -f "$WORK/lb-$n.pid" ]; then kill -9 "$(cat "$WORK/lb-$n.pid")" 2>/dev/null || true; fi
+    local n f p
+    # Killed and reaped here, quietly (bash reports a killed job it reaps later).
+    for f in "$WORK"/lb-n?.pid "$WORK"/etcd-e?.pid; do
+        [ -f "$f" ] || continue
+        p=$(cat "$f")
+        { kill -9 "$p" && wait "$p"; } 2>/dev/null || true
     done
     # shellcheck disable=SC2086 # the list of nodes
     pins_down $TOPO_CHAOS_NODES
@@ -159,20 +189,23 @@ test_store_fleet_follows_one_store_and_loses_no_connection() { # MODE lb|etcdctl
     wait_nexthops 2 30 >/dev/null || fail "the router never learned nodes A and B"
     say "store, $mode, pushed by $how: nodes A and B follow $(st_url); C peered and silent"
 
-    # Round 1: C starts (from the store) and joins; the pool change is pushed as the router has it.
+    # Round 1: the pool change is pushed (b4 added, b1 reweighted) and node C starts fresh from
+    # the store and joins the ECMP set: it picks up the connections ECMP moves to it under the
+    # new pool, knowing the old one only as the store's previous pool.
     HOLD_TRIES=400 hold_open "$TOPO_RCLIENTS4" 300 12 --patience 12 ${keep[@]+"${keep[@]}"}
     CHURN_COUNT=20 CHURN_TIMEOUT_MS=4000 churn_start "$TOPO_RCLIENTS4"
     sleep 1.5
-    st_start_node nc "$mode"
-    sc_wait_nexthops 3 || fail "node C did not join the ECMP set"
-    st_pool "$WORK/p1.yaml" "" 1:3 2 3 4
+    st_pool "$WORK/p1.yaml" "" 1:2 2 3 4
     st_push "$WORK/p1.yaml" "$how"
     rev=$(st_etcdctl get /lb/pool -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kvs"][0]["mod_revision"])')
-    ms=$(st_spread "reload (store revision $rev)" na nb nc)
+    ms=$(st_spread "reload (store revision $rev)" na nb)
+    st_start_node nc "$mode"
+    grep -q "following .* (pool revision $rev) as node nc" "$WORK/lb-nc.log" || fail "node C did not start from revision $rev"
+    sc_wait_nexthops 3 || fail "node C did not join the ECMP set"
     wait "$HOLD" || hold_failed=1
     broken1=$(sc_broken)
     CHURN_COUNT=20 churn_stop || fail "round 1, new connections: $CHURN_SUMMARY"
-    say "(1) C joined and revision $rev was pushed: the three nodes applied it within ${ms} ms of each other;"
+    say "(1) revision $rev was pushed: A and B applied it within ${ms} ms of each other, and C started from it and joined;"
     say "    C picked up $(sc_adopted nc) flows in mid-connection; $(hold_summary); $CHURN_SUMMARY"
     if [ "$how" = lb ]; then
         st_agree 3
@@ -182,14 +215,14 @@ test_store_fleet_follows_one_store_and_loses_no_connection() { # MODE lb|etcdctl
         for n in na nb nc; do
             [ "$(live_digest "$n")" = "$want" ] || fail "node $n serves another table than lb table computes from the pushed pools"
         done
-        say "    lb fleet: 3 nodes at revision $rev, one digest ($want), the one lb table computes"
+        say "    lb fleet: 3 nodes at revision $rev, one digest ($(grep -o '[0-9a-f]\{16\}' <<<"$want")), the one lb table computes"
     fi
 
     # Round 2: A's link goes down while b2 drains.
     HOLD_TRIES=400 hold_open "$TOPO_RCLIENTS4" 300 14 --patience 12 --first-port 41000 ${keep[@]+"${keep[@]}"}
     CHURN_COUNT=20 CHURN_TIMEOUT_MS=4000 churn_start "$TOPO_RCLIENTS4"
     sleep 1.5
-    st_pool "$WORK/p2.yaml" "" 1:3 2:drain 3 4
+    st_pool "$WORK/p2.yaml" "" 1:2 2:drain 3 4
     ip -n "$PREFIX-na" link set eth0 down
     st_push "$WORK/p2.yaml" "$how"
     rev=$(st_etcdctl get /lb/pool -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kvs"][0]["mod_revision"])')
@@ -223,6 +256,9 @@ test_store_fleet_follows_one_store_and_loses_no_connection() { # MODE lb|etcdctl
 st_store_faults() { # MODE
     local rev digest n r
     digest=$(live_digest nb)
+    # From here on, only what each node logs from now counts (A decided alone while its link was
+    # down, and said so).
+    st_mark
     # One node cut off from b3's checks: b3 stays in every table.
     ip netns exec "$PREFIX-na" nft -f - <<NFT || fail "node A's firewall"
 table ip lbtest {
@@ -232,11 +268,13 @@ table ip lbtest {
     }
 }
 NFT
-    wait_until 100 0.1 grep -q "web backend b3 .* is down after 2 failed probes.*this node tells the fleet" "$WORK/lb-na.log" || fail "node A never saw b3 down"
+    wait_until 100 0.1 st_logged na "web backend b3 .* is down after 2 failed probes.*this node tells the fleet" || fail "node A never saw b3 down"
+    # A's view in the store says so (lb fleet reads it), and B's and C's do not.
+    wait_until 50 0.1 st_views_down "na=b3 nb= nc=" || { st_fleet >&2; fail "node A's view in the store does not name b3 down (or another's does)"; }
     sleep 2
     for n in na nb nc; do
         [ "$(live_digest "$n")" = "$digest" ] || fail "node $n's table changed when only node A lost b3"
-        ! grep -q "fleet: at revision [0-9]*, web backend b3" "$WORK/lb-$n.log" || fail "node $n took b3 out though only A saw it down"
+        ! st_logged "$n" "fleet: at revision [0-9]*, web backend b3" || fail "node $n took b3 out though only A saw it down"
     done
     say "(4) node A firewalled from b3's checks: A sees b3 down, b3 stays in all three tables"
     # b3's checks fail for every node: it leaves every table at the same revision.
@@ -249,7 +287,7 @@ table ip lbtest {
 }
 NFT
     st_spread "fleet: at revision [0-9]*, web backend b3 .* is down" na nb nc >/dev/null
-    r=$(grep -ho "fleet: at revision [0-9]*, web backend b3 .* is down" "$WORK"/lb-n[abc].log | grep -o "revision [0-9]*" | sort -u)
+    r=$(for n in na nb nc; do tail -n "+$((ST_FROM[$n] + 1))" "$WORK/lb-$n.log" | grep -o "fleet: at revision [0-9]*, web backend b3 .* is down" | grep -o "revision [0-9]*"; done | sort -u)
     [ "$(wc -l <<<"$r")" = 1 ] || fail "the nodes took b3 out at different revisions: $r"
     st_agree 3
     say "(5) b3's checks fail for every node: all three took it out at $r; one digest"
@@ -275,14 +313,17 @@ socketserver.ThreadingTCPServer(("0.0.0.0", 5555), H).serve_forever()' >/dev/nul
     st_agree 3
     digest=$(live_digest nb)
     for n in na nc; do [ "$(live_digest "$n")" = "$digest" ] || fail "node $n weighs b1's agent differently"; done
-    grep -h "load: web backend b1 .* is served at" "$WORK"/lb-n[abc].log | tail -3 | sed 's/^/    /'
-    say "(6) b1's agent answers A 10%, B 90%, C 50%: all three serve one digest"
+    # The median of 10%, 90% and 50%, on every node.
+    for n in na nb nc; do
+        grep "load: web backend b1 " "$WORK/lb-$n.log" | tail -1 | grep -q "agent 50%" || { grep "load: web backend b1" "$WORK/lb-$n.log" >&2; fail "node $n does not serve b1 at the median of its agent's answers"; }
+    done
+    say "(6) b1's agent answers A 10%, B 90%, C 50%: all three serve it at 50% (the median), one digest"
 
     # An invalid pool written straight into etcd: no node applies it, each says why.
     printf 'services:\n  - name: web\n    vip: 10.99.0.100\n    port: 99999\n    backends: [10.97.1.2]\n' | st_etcdctl put /lb/pool >/dev/null
     rev=$(st_etcdctl get /lb/pool -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kvs"][0]["mod_revision"])')
     st_spread "reload refused (store revision $rev): .*services\[0\].port" na nb nc >/dev/null
-    wait_until 50 0.1 bash -c "ip netns exec '$PREFIX-e1' '$LB' fleet '$(st_url)' | grep -c 'refused revision $rev' | grep -qx 3" || { st_fleet >&2; fail "lb fleet does not show three refusals"; }
+    wait_until 50 0.1 st_refusals "$rev" 3 || { st_fleet >&2; fail "lb fleet does not show three refusals"; }
     for n in na nb nc; do [ "$(live_digest "$n")" = "$digest" ] || fail "node $n changed its tables for an invalid pool"; done
     say "(7) an invalid pool put with etcdctl (revision $rev): refused by all three, lb fleet names why; tables unchanged"
 
@@ -299,25 +340,27 @@ socketserver.ThreadingTCPServer(("0.0.0.0", 5555), H).serve_forever()' >/dev/nul
     st_etcdctl get /lb/pool --print-value-only | grep -q "{name: b1, address: 10.97.1.2, weight: 2}" || fail "the store holds the second push"
     say "(8) two pushes from revision $rev: the first landed, the second failed: $(head -c 120 "$WORK/conflict.err")"
 
-    # One member killed: a push and the watches go on.
-    st_member_kill 2
+    # One member killed, the one every client asks first: a push and the watches go on.
+    st_member_kill 1
     st_pool "$WORK/p6.yaml" agent 1:2 2 3 4
     st_push "$WORK/p6.yaml" lb
     rev=$(st_etcdctl get /lb/pool -w json | python3 -c 'import json,sys; print(json.load(sys.stdin)["kvs"][0]["mod_revision"])')
     ms=$(st_spread "reload (store revision $rev)" na nb nc)
-    say "(9) member e2 killed: revision $rev pushed, applied by all three within ${ms} ms of each other"
+    say "(9) member e1 killed: revision $rev pushed, applied by all three within ${ms} ms of each other"
 
     # Every member killed: nothing breaks, the nodes say so; they catch up when it returns.
     HOLD_TRIES=400 hold_open "$TOPO_RCLIENTS4" 100 10 --patience 8 --first-port 45000
-    st_member_kill 1
+    st_member_kill 2
     st_member_kill 3
     st_spread "store: .* does not answer" na nb nc >/dev/null
     for n in na nb nc; do
         [ "$(lb_status "$n" fleet connected)" = false ] || fail "lb status on $n does not say the store is down"
     done
-    sleep 6
+    # After a lease's time, each decides alone.
+    st_spread "this node decides alone" na nb nc >/dev/null
+    sleep 1
     hold_wait "held connections broke while the store was down"
-    say "(10) every member killed: the nodes say so (lb status: connected false), 100 held connections, 0 broken"
+    say "(10) every member killed: the nodes say so (lb status: connected false) and decide alone; 100 held connections, 0 broken"
     for i in $ST_MEMBERS; do st_member_start "$i"; done
     wait_until 100 0.1 st_etcdctl endpoint health >/dev/null 2>&1 || fail "the cluster did not come back"
     st_spread "store: .* answers again" na nb nc >/dev/null

@@ -164,7 +164,7 @@ fn settings(a: Args) -> Result<(Settings, Pool, Vec<u8>, Option<FirstRead>)> {
         let (pool, content, first) = from_store(&url, &a.store_tls)?;
         (pool, content, Some(first), Some(StoreSettings { url, node }))
     } else {
-        if a.node_name.is_some() || a.store_tls.store_cacert.is_some() {
+        if a.node_name.is_some() || a.store_tls.store_cacert.is_some() || a.store_tls.store_cert.is_some() {
             bail!("--node-name and --store-* go with --config etcd://...");
         }
         let (pool, content) = config::load_bytes(&a.config).map_err(anyhow::Error::new)?;

@@ -59,7 +59,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )));
     }
     let client = Client::new(&to, &args.tls, CALL_TIMEOUT)?;
-    let stored = client.range(&to.key, &format!("{}\0", to.key)).context("reading the pool in the store")?;
+    let stored = client.range(&to.key, &to.range_end()).context("reading the pool in the store")?;
     let current = stored.get(&to.key);
     let base = current.map_or(0, |kv| kv.mod_revision);
     if let Some(expected) = args.expect_revision.filter(|&r| r != base) {
@@ -75,7 +75,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let outcome = if args.dry_run || same {
         None
     } else {
-        Some(client.push(&to, &bytes, base, current.map(|kv| kv.value.as_slice()))?)
+        // The pool it replaces becomes the fleet's previous pool; a stored pool no node could
+        // apply (written by hand) is not one any node served: the previous pool stays.
+        let replaced = match &old {
+            Some(Some(_)) => current.map(|kv| kv.value.as_slice()),
+            _ => stored.get(&to.previous_key()).map(|kv| kv.value.as_slice()),
+        };
+        Some(client.push(&to, &bytes, base, replaced)?)
     };
     super::to_stdout(|out| {
         if args.json {
@@ -97,7 +103,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             match (&old, base) {
                 (None, _) => writeln!(out, "{}: no pool yet; this is the first", to)?,
-                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid; it is replaced whole", to)?,
+                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid (no node serves it): it is replaced, and the previous pool stays", to)?,
                 (Some(Some(_)), r) => writeln!(out, "{}: against revision {r}:", to)?,
             }
             write!(out, "{}", report::diff_text(&diffs))?;
@@ -105,6 +111,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 _ if same => writeln!(out, "unchanged: the store holds this pool already (revision {base}); nothing written")?,
                 None => writeln!(out, "dry run: nothing written")?,
                 Some(Pushed::Written(r)) if base == 0 => writeln!(out, "pushed: revision {r}, the first pool at the key")?,
+                Some(Pushed::Written(r)) if matches!(old, Some(None)) => writeln!(out, "pushed: revision {r}")?,
                 Some(Pushed::Written(r)) => writeln!(out, "pushed: revision {r}; the pool it replaces (revision {base}) is the fleet's previous pool")?,
                 Some(Pushed::Conflict) => {}
             }

@@ -76,7 +76,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let state = if f["connected"].as_bool() == Some(true) {
                 "connected".to_string()
             } else {
-                format!("DOWN for {:.1} s{}", f["lost_for_ms"].as_u64().unwrap_or(0) as f64 / 1e3, if f["alone"].as_bool() == Some(true) { ", deciding alone" } else { "" })
+                format!("DOWN since {}{}", since_text(f["lost_since_ms"].as_u64().unwrap_or(0)), if f["alone"].as_bool() == Some(true) { ", deciding alone" } else { "" })
             };
             writeln!(
                 out,

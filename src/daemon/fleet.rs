@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
@@ -77,12 +77,28 @@ pub(super) struct Fleet {
     down: BTreeSet<Key>,
     /// The newest pool revision refused, and why.
     pub(super) refused: Option<Refusal>,
-    /// Since when the store has not answered.
+    /// Since when the store has not answered (and in Unix milliseconds, for lb status).
     lost: Option<(Instant, u64)>,
     /// Whether the node decided alone at the last look (for saying so once).
     was_alone: bool,
     last_view: String,
     last_status: String,
+    /// Each installed service's table digest, as of the last install.
+    pub(super) digests: BTreeMap<String, String>,
+    /// News drained from the watch, not taken yet.
+    queue: std::collections::VecDeque<News>,
+    /// Where lb status reads this node's word on the store.
+    status_file: Option<PathBuf>,
+}
+
+impl Drop for Fleet {
+    /// The status file goes with the controller: a later one on the interface, perhaps of a
+    /// file, must not show this one's store.
+    fn drop(&mut self) {
+        if let Some(p) = &self.status_file {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// Where `lb attach --config etcd://...` keeps what `lb status` shows of the store, beside the
@@ -118,6 +134,9 @@ impl Fleet {
             was_alone: false,
             last_view: String::new(),
             last_status: String::new(),
+            digests: BTreeMap::new(),
+            queue: Default::default(),
+            status_file: None,
         };
         f.replace(first);
         if let Some(s) = f.stored() {
@@ -140,49 +159,60 @@ impl Fleet {
         Some(Stored { revision, bytes, previous: self.previous.clone() })
     }
 
-    /// Takes the news the watch sent, oldest first.
-    pub(super) fn news(&mut self) -> Vec<Seen> {
-        let mut out = Vec::new();
-        for n in self.feed.drain() {
-            match n {
-                News::Lost(why) => {
-                    if self.lost.is_none() {
-                        log(format!("store: {} does not answer ({why}); serving revision {} as applied, trying again", self.url, self.pool_revision));
-                        self.lost = Some((Instant::now(), self.revision));
-                    }
-                    out.push(Seen::Lost);
-                }
-                News::Snapshot(snap) => {
-                    if let Some((since, _)) = self.lost.take() {
-                        log(format!(
-                            "store: {} answers again after {:.1} s, at revision {}; catching up",
-                            self.url,
-                            since.elapsed().as_secs_f64(),
-                            snap.revision
-                        ));
-                    }
-                    self.replace(&snap);
-                    self.revision = snap.revision;
-                    out.push(self.seen(snap.revision));
-                }
-                News::Revision(revision, changes) => {
-                    for (key, value) in changes {
-                        self.change(&key, value, revision);
-                    }
-                    self.revision = revision;
-                    out.push(self.seen(revision));
-                }
-            }
+    /// The next piece of news the watch sent, applied to what the node knows; None when there
+    /// is no more. One at a time, so that each revision's decisions are made with the views as
+    /// they were at that revision.
+    pub(super) fn next(&mut self) -> Option<Seen> {
+        if self.queue.is_empty() {
+            self.queue.extend(self.feed.drain());
         }
-        out
+        Some(match self.queue.pop_front()? {
+            News::Lost(why) => {
+                if self.lost.is_none() {
+                    log(format!("store: {} does not answer ({why}); serving revision {} as applied, trying again", self.url, self.pool_revision));
+                    self.lost = Some((Instant::now(), lb::clock::unix_ms()));
+                }
+                Seen::Lost
+            }
+            News::Snapshot(snap) => {
+                if let Some((since, _)) = self.lost.take() {
+                    log(format!(
+                        "store: {} answers again after {:.1} s, at revision {}; catching up",
+                        self.url,
+                        since.elapsed().as_secs_f64(),
+                        snap.revision
+                    ));
+                }
+                self.replace(&snap);
+                self.revision = snap.revision;
+                self.seen(snap.revision)
+            }
+            News::Revision(revision, changes) => {
+                for c in changes {
+                    self.change(&c.key, c.value, c.revision, c.lease);
+                }
+                self.revision = revision;
+                self.seen(revision)
+            }
+        })
     }
 
+    /// What reaching `revision` means for the pool: it is read again when its bytes (or the
+    /// pool they replaced) changed, or when this node refused an earlier revision of it (a
+    /// reason of its own, such as a route, may be gone now).
     fn seen(&mut self, revision: u64) -> Seen {
-        let pool = self.stored().filter(|s| s.digest() != self.read);
-        if let Some(s) = &pool {
+        let Some(s) = self.stored() else { return Seen::Revision { revision, pool: None } };
+        let retry = self.refused.as_ref().is_some_and(|r| r.revision < s.revision);
+        if s.digest() != self.read || retry {
             self.read = s.digest();
+            return Seen::Revision { revision, pool: Some(s) };
         }
-        Seen::Revision { revision, pool }
+        // The same bytes written again (a tool that puts what it has): still the pool served,
+        // now at this revision.
+        if self.refused.is_none() && self.pool_revision > 0 {
+            self.pool_revision = self.pool_revision.max(s.revision);
+        }
+        Seen::Revision { revision, pool: None }
     }
 
     /// The range as a whole read holds it.
@@ -191,20 +221,27 @@ impl Fleet {
         self.previous = None;
         self.views.clear();
         for kv in &snap.kvs {
-            self.change(&kv.key, Some(kv.value.clone()), kv.mod_revision);
+            self.change(&kv.key, Some(kv.value.clone()), kv.mod_revision, kv.lease);
         }
     }
 
-    /// One key's new value (None: deleted), written at `revision`.
-    fn change(&mut self, key: &str, value: Option<Vec<u8>>, revision: u64) {
+    /// One key's new value (None: deleted), written at `revision` under `lease`. A view that is
+    /// bound to no lease is no live node's (a leftover, something written by hand) and counts
+    /// for nothing; a view goes by the name its key gives it.
+    fn change(&mut self, key: &str, value: Option<Vec<u8>>, revision: u64, lease: i64) {
         match self.url.classify(key) {
             Entry::Pool => self.pool = value.map(|v| (v, revision)),
             Entry::Previous => self.previous = value,
             Entry::Node(node) => {
-                match value.as_deref().and_then(NodeView::from_json) {
-                    Some(v) => self.views.insert(node.to_string(), v),
-                    None => self.views.remove(node),
-                };
+                match value.filter(|_| lease != 0).as_deref().and_then(NodeView::from_json) {
+                    Some(mut v) => {
+                        v.node = node.to_string();
+                        self.views.insert(node.to_string(), v);
+                    }
+                    None => {
+                        self.views.remove(node);
+                    }
+                }
             }
             Entry::Other => {}
         }
@@ -242,10 +279,13 @@ impl Fleet {
         self.views.values().collect()
     }
 
-    /// Whether the node decides alone: the store has not answered for longer than a view's
-    /// lease (by then the other nodes have dropped this node's view too).
+    /// Whether the node decides alone: the store has not answered its watch, or taken its
+    /// view, for longer than a view's lease (by then the other nodes have dropped this node's
+    /// view: it is not one of theirs any more, nor they of its).
     pub(super) fn alone(&self) -> bool {
-        self.lost.is_some_and(|(since, _)| since.elapsed() > LEASE_TTL)
+        let watch = self.lost.map(|(since, _)| since);
+        let view = self.publisher.failing_since();
+        watch.into_iter().chain(view).min().is_some_and(|since| since.elapsed() > LEASE_TTL)
     }
 
     /// Whether the node began or stopped deciding alone since the last call.
@@ -263,13 +303,15 @@ impl Fleet {
         changed
     }
 
-    /// Whether the store answers, since when it has not, and the revision reached.
+    /// Whether the store answers: its watch, and its writes of this node's view.
     pub(super) fn connected(&self) -> bool {
-        self.lost.is_none()
+        self.lost.is_none() && self.publisher.failing_since().is_none()
     }
 
-    pub(super) fn lost_since(&self) -> Option<Duration> {
-        self.lost.map(|(since, _)| since.elapsed())
+    /// Since when (Unix milliseconds) the store has not answered.
+    pub(super) fn lost_since_ms(&self) -> Option<u64> {
+        let view = self.publisher.failing_since().map(|since| lb::clock::unix_ms().saturating_sub(since.elapsed().as_millis() as u64));
+        self.lost.map(|(_, ms)| ms).into_iter().chain(view).min()
     }
 
     /// Writes what `lb status` shows of the store (status_path), when it changed.
@@ -278,7 +320,7 @@ impl Fleet {
             "store": self.url.to_string(),
             "node": self.node,
             "connected": self.connected(),
-            "lost_for_ms": self.lost_since().map(|d| d.as_millis() as u64),
+            "lost_since_ms": self.lost_since_ms(),
             "alone": view.alone,
             "revision": view.revision,
             "pool_revision": view.pool_revision,
@@ -291,6 +333,7 @@ impl Fleet {
             return;
         }
         let path = status_path(iface);
+        self.status_file = Some(path.clone());
         let write = || -> std::io::Result<()> {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;

@@ -157,9 +157,8 @@ fn check(d: &mut Daemon, why: Cause, pool: &Pool, bytes: &[u8]) -> Option<(HashM
 /// node could apply is refused, logged and named in this node's view, and the tables stay.
 /// Then the fleet's decisions are made at that revision; last, this node's view is published.
 pub(super) fn follow_store(d: &mut Daemon) -> Result<()> {
-    let Some(f) = d.fleet.as_mut() else { return Ok(()) };
-    let news = f.news();
-    for seen in news {
+    // One revision at a time: its pool, then its decisions, before the next is read.
+    while let Some(seen) = d.fleet.as_mut().and_then(|f| f.next()) {
         let Seen::Revision { revision, pool } = seen else { continue };
         if let Some(stored) = pool {
             from_store(d, stored)?;

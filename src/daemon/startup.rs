@@ -107,6 +107,8 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8], firs
             dp.set_announce_ifindex(a.ifindex)?;
         }
     }
+    // A status file a store-mode controller left behind (killed) is not this one's word.
+    let _ = std::fs::remove_file(super::fleet::status_path(&ifc.name));
     let fleet = match (&settings.store, first) {
         (Some(st), Some((client, snap))) => Some(Fleet::start(st.url.clone(), st.node.clone(), client, &snap)?),
         _ => None,
@@ -121,6 +123,7 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8], firs
     }
     let metrics = Publisher::new(metrics, &ifc.name, attachment.mode(), settings.conntrack_size);
     let mut daemon = Daemon { settings, ifc, dp, nl, configured: pool, neighbours, encap, health: HealthChecks::new()?, agents, announcer, metrics, fleet };
+    daemon.refresh_digests();
     daemon.publish_view();
     Ok(Some(Started { daemon, attachment, pinning, signals, watcher }))
 }

@@ -83,6 +83,7 @@ impl Daemon<'_> {
         match self.dp.apply(&pool) {
             Ok(applied) => {
                 self.publish();
+                self.refresh_digests();
                 if let Some(q) = &applied.quic_incomplete {
                     log(format!("{why}: the tables are applied, but QUIC-LB's maps are not all written ({q}); the next change tries again"));
                 }
@@ -149,12 +150,20 @@ impl Daemon<'_> {
         Ok(())
     }
 
+    /// In a fleet: each installed service's table digest, for the node's view (computed once an
+    /// install, not every time the view is looked at).
+    pub(super) fn refresh_digests(&mut self) {
+        let digests = self.dp.installed().iter().map(|s| (s.name.clone(), format!("{:016x}", s.digest()))).collect();
+        if let Some(f) = self.fleet.as_mut() {
+            f.digests = digests;
+        }
+    }
+
     /// This node's view, handed to the store's thread when it changed; and the store's state
     /// to the metrics and to `lb status`.
     pub(super) fn publish_view(&mut self) {
         let own = self.health.down_set(&self.configured);
         let agents = self.agents.seen(&self.configured);
-        let digests = self.dp.installed().iter().map(|s| (s.name.clone(), format!("{:016x}", s.digest()))).collect();
         let Some(f) = self.fleet.as_mut() else { return };
         let mut down: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for (svc, b) in own {
@@ -167,7 +176,7 @@ impl Daemon<'_> {
             pool_revision: f.pool_revision,
             revision: f.decided.max(f.pool_revision),
             applied_ms: f.applied_ms,
-            services: digests,
+            services: f.digests.clone(),
             down,
             agents,
             refused: f.refused.clone(),

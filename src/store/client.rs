@@ -34,7 +34,8 @@ pub struct Kv {
     pub key: String,
     pub value: Vec<u8>,
     pub mod_revision: u64,
-    pub create_revision: u64,
+    /// The lease it is bound to (0: none).
+    pub lease: i64,
 }
 
 /// A range read: the keys and the store's revision they were read at.
@@ -209,6 +210,16 @@ impl Client {
     }
 }
 
+/// One key's change, as a watch reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub key: String,
+    /// None: deleted.
+    pub value: Option<Vec<u8>>,
+    pub revision: u64,
+    pub lease: i64,
+}
+
 /// An open watch.
 pub struct Watch {
     stream: Box<dyn Iterator<Item = serde_json::Result<Value>> + Send>,
@@ -221,8 +232,9 @@ pub struct Watch {
 pub enum WatchAnswer {
     /// The watch is open.
     Created,
-    /// Changes, each a key with its new value (None: deleted) and the revision that made it.
-    Events(Vec<(String, Option<Vec<u8>>, u64)>),
+    /// Changes, each a key with its new value (None: deleted), the revision that made it and
+    /// the lease the key is bound to (0: none).
+    Events(Vec<Change>),
     /// The store ended the watch (its start was compacted away, or it was cancelled): read the
     /// whole range again.
     Ended(String),
@@ -253,7 +265,7 @@ impl Watch {
                         let key = String::from_utf8(B64.decode(kv["key"].as_str()?).ok()?).ok()?;
                         let deleted = e["type"].as_str() == Some("DELETE");
                         let value = if deleted { None } else { Some(kv["value"].as_str().map_or(Ok(Vec::new()), |s| B64.decode(s)).ok()?) };
-                        Some((key, value, num(&kv["mod_revision"])))
+                        Some(Change { key, value, revision: num(&kv["mod_revision"]), lease: num(&kv["lease"]) as i64 })
                     })
                     .collect()
             })
@@ -277,7 +289,7 @@ fn num(v: &Value) -> u64 {
 fn kv_of(v: &Value) -> Option<Kv> {
     let key = String::from_utf8(B64.decode(v["key"].as_str()?).ok()?).ok()?;
     let value = v["value"].as_str().map_or(Ok(Vec::new()), |s| B64.decode(s)).ok()?;
-    Some(Kv { key, value, mod_revision: num(&v["mod_revision"]), create_revision: num(&v["create_revision"]) })
+    Some(Kv { key, value, mod_revision: num(&v["mod_revision"]), lease: num(&v["lease"]) as i64 })
 }
 
 /// etcd's own words for an error answer.
@@ -300,5 +312,83 @@ fn transport_text(t: &ureq::Transport) -> String {
             Some(s) => format!("{kind}: {s}"),
             None => kind,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// A real etcd on free loopback ports (scripts/setup.sh test installs it), for as long as
+    /// the guard lives.
+    struct Etcd(std::process::Child, std::path::PathBuf, u16);
+
+    impl Drop for Etcd {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+
+    fn etcd() -> Etcd {
+        let port = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
+        let (client, peer) = (port(), port());
+        let dir = std::env::temp_dir().join(format!("lb-client-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(&dir)
+            .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}"), "--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}"), "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-cluster", &format!("t=http://127.0.0.1:{peer}"), "--log-level", "error", "--logger", "zap"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd is installed (scripts/setup.sh test installs etcd-server)");
+        Etcd(child, dir, client)
+    }
+
+    #[test]
+    fn the_push_transaction_holds_only_against_the_revision_it_read() {
+        let e = etcd();
+        let url = StoreUrl::parse(&format!("etcd://127.0.0.1:{}/lb/pool", e.2)).expect("url");
+        let c = Client::new(&url, &TlsArgs::default(), Duration::from_secs(2)).expect("client");
+        let started = std::time::Instant::now();
+        while c.range(&url.key, &url.range_end()).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "etcd did not answer");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The first pool: only while the key is absent.
+        let Pushed::Written(r1) = c.push(&url, b"one", 0, None).expect("push") else { panic!("the first push conflicted") };
+        assert_eq!(c.push(&url, b"two", 0, None).expect("push"), Pushed::Conflict, "the key exists now");
+        // Against the revision read: written with the pool it replaces; a stale base: nothing.
+        let Pushed::Written(r2) = c.push(&url, b"two", r1, Some(b"one")).expect("push") else { panic!("conflict at the right base") };
+        assert_eq!(c.push(&url, b"three", r1, Some(b"two")).expect("push"), Pushed::Conflict, "a push from a stale base");
+        let snap = c.range(&url.key, &url.range_end()).expect("range");
+        assert_eq!(snap.get(&url.key).map(|kv| (kv.value.as_slice(), kv.mod_revision)), Some((&b"two"[..], r2)));
+        assert_eq!(snap.get(&url.previous_key()).map(|kv| kv.value.as_slice()), Some(&b"one"[..]), "the pool it replaced, in the same revision");
+        assert_eq!(snap.get(&url.previous_key()).map(|kv| kv.mod_revision), Some(r2));
+        // A view under a lease: gone once the lease is revoked.
+        let lease = c.grant(Duration::from_secs(5)).expect("grant");
+        c.put(&url.node_key("a"), b"{}", lease).expect("put");
+        assert_eq!(c.range(&url.key, &url.range_end()).expect("range").get(&url.node_key("a")).map(|kv| kv.lease), Some(lease));
+        assert!(c.keep_alive(lease).expect("keep alive"));
+        c.revoke(lease).expect("revoke");
+        assert!(c.range(&url.key, &url.range_end()).expect("range").get(&url.node_key("a")).is_none());
+        assert!(!c.keep_alive(lease).unwrap_or(false), "a revoked lease is not alive");
+        // The watch reports each change with its revision and lease, from where it is asked to.
+        let mut w = c.watch(&url.key, &url.range_end(), r2).expect("watch");
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            match w.next().expect("watch answer") {
+                WatchAnswer::Events(ev) => seen.extend(ev),
+                WatchAnswer::Created => {}
+                WatchAnswer::Ended(why) => panic!("ended: {why}"),
+            }
+        }
+        assert_eq!((seen[0].key.as_str(), seen[0].revision, seen[0].value.as_deref()), ("/lb/pool", r2, Some(&b"two"[..])));
+        assert_eq!((seen[1].key.as_str(), seen[1].revision), ("/lb/pool/previous", r2));
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
-use super::client::{Client, Snapshot, WatchAnswer};
+use super::client::{Change, Client, Snapshot, WatchAnswer};
 use lb::fleet::StoreUrl;
 
 /// What the watch tells the loop, in the order it happened.
@@ -20,8 +20,8 @@ use lb::fleet::StoreUrl;
 pub enum News {
     /// The whole range at a revision: at start, and after each outage or compaction.
     Snapshot(Snapshot),
-    /// One revision's changes: each key's new value (None: deleted).
-    Revision(u64, Vec<(String, Option<Vec<u8>>)>),
+    /// One revision's changes.
+    Revision(u64, Vec<Change>),
     /// The store stopped answering: why (once an outage).
     Lost(String),
 }
@@ -110,14 +110,7 @@ fn watch(client: &Client, url: &StoreUrl, revision: &mut u64, send: &impl Fn(New
             WatchAnswer::Ended(why) => anyhow::bail!("the store ended the watch ({why})"),
             WatchAnswer::Events(events) => {
                 // Grouped by revision, in order: a transaction's keys come together.
-                let mut i = 0;
-                while i < events.len() {
-                    let rev = events[i].2;
-                    let mut changes = Vec::new();
-                    while i < events.len() && events[i].2 == rev {
-                        changes.push((events[i].0.clone(), events[i].1.clone()));
-                        i += 1;
-                    }
+                for (rev, changes) in by_revision(events) {
                     *revision = (*revision).max(rev);
                     if !send(News::Revision(rev, changes)) {
                         return Ok(());
@@ -125,5 +118,35 @@ fn watch(client: &Client, url: &StoreUrl, revision: &mut u64, send: &impl Fn(New
                 }
             }
         }
+    }
+}
+
+/// A watch answer's changes, one group per revision, in order: a transaction's keys come
+/// together (the pool and the pool it replaced are one revision).
+fn by_revision(events: Vec<Change>) -> Vec<(u64, Vec<Change>)> {
+    let mut out: Vec<(u64, Vec<Change>)> = Vec::new();
+    for e in events {
+        match out.last_mut() {
+            Some((rev, changes)) if *rev == e.revision => changes.push(e),
+            _ => out.push((e.revision, vec![e])),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(key: &str, revision: u64) -> Change {
+        Change { key: key.to_string(), value: Some(Vec::new()), revision, lease: 0 }
+    }
+
+    #[test]
+    fn a_watch_answer_is_cut_into_revisions_in_order() {
+        let groups = by_revision(vec![change("/p", 7), change("/p/previous", 7), change("/p/nodes/a", 8), change("/p/nodes/b", 9)]);
+        let shape: Vec<(u64, Vec<&str>)> = groups.iter().map(|(r, c)| (*r, c.iter().map(|c| c.key.as_str()).collect())).collect();
+        assert_eq!(shape, vec![(7, vec!["/p", "/p/previous"]), (8, vec!["/p/nodes/a"]), (9, vec!["/p/nodes/b"])]);
+        assert!(by_revision(Vec::new()).is_empty());
     }
 }

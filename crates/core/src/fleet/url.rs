@@ -22,15 +22,16 @@ impl StoreUrl {
 
     /// Reads `etcd://HOST:PORT[,HOST:PORT...]/KEY`; the error says what is wrong with it.
     pub fn parse(text: &str) -> Result<StoreUrl, String> {
+        if text.contains('@') {
+            // A password in a URL ends up in shell histories, process lists and logs: refused
+            // first, and the URL is never echoed.
+            return Err(format!("{SCHEME}...: no user or password in the URL; authenticate with client certificates (--store-cert, --store-key)"));
+        }
         let rest = text.strip_prefix(SCHEME).ok_or_else(|| format!("{text:?}: a store URL begins with {SCHEME}"))?;
         let (hosts, key) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => return Err(format!("{text:?}: no key: etcd://HOST:PORT/KEY")),
         };
-        if hosts.contains('@') {
-            // A password in a URL ends up in shell histories, process lists and logs.
-            return Err(format!("{SCHEME}...: no user or password in the URL; authenticate with client certificates (--store-cert, --store-key)"));
-        }
         let key = key.trim_end_matches('/');
         if key.is_empty() {
             return Err(format!("{text:?}: no key: etcd://HOST:PORT/KEY"));
@@ -137,7 +138,9 @@ mod tests {
             let e = StoreUrl::parse(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
-        let e = StoreUrl::parse("etcd://root:hunter2@h:1/lb").unwrap_err();
-        assert!(!e.contains("hunter2") && e.contains("client certificates"), "{e}");
+        for with_password in ["etcd://root:hunter2@h:1/lb", "etcd://root:hunter2@h:1", "etcd://root:hun/ter2@h:1/lb", "http://root:hunter2@h:1/lb"] {
+            let e = StoreUrl::parse(with_password).unwrap_err();
+            assert!(!e.contains("hunter2") && !e.contains("ter2") && e.contains("client certificates"), "{e}");
+        }
     }
 }
