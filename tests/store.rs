@@ -132,13 +132,14 @@ fn a_push_writes_the_pool_and_the_one_it_replaces_and_a_racing_push_writes_nothi
     assert!(now.contains("10.2.4.") && before.contains("10.2.3."), "the last round's pool and the one before it: {now} / {before}");
 
     // A pool written by hand that no node could serve is no previous pool: the next push
-    // replaces it and keeps the previous pool as it was.
+    // replaces it, and the previous pool is the one before it, which nodes served.
     let mut put = Command::new("etcdctl").args(["--endpoints", &endpoint, "put", "/lb/pool"]).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().expect("etcdctl");
     put.stdin.take().expect("stdin").write_all(b"services: [nonsense").expect("write");
     assert!(put.wait().expect("etcdctl").success());
     let o = lb(&["push", &p1, "--to", &etcd.url]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("is not valid (no node serves it)"), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(get("/lb/pool/previous"), before, "the previous pool stays what nodes served before");
+    assert_eq!(get("/lb/pool/previous"), now, "the previous pool is the last one nodes could serve, not the hand-written one");
+    assert_ne!(now, before);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

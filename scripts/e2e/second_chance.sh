@@ -12,11 +12,10 @@
 # same run with it off (the control) must break connections, which shows the mechanism is what
 # keeps them.
 
-# The fleet's pool: web, maglev, tracked, GUE, second_chance SC, PREVIOUS as its previous pool
-# (none if empty), on backends SPEC... (I, I:WEIGHT or I:drain; backend I is 10.97.I.2, bI).
-sc_pool() { # FILE SC PREVIOUS SPEC...
-    local file=$1 sc=$2 prev=$3 list="" spec i more
-    shift 3
+# The backends SPEC... name (I, I:WEIGHT or I:drain; backend I is 10.97.I.2, bI), as a YAML
+# flow list's items.
+sc_backends() { # SPEC...
+    local list="" spec i more
     for spec in "$@"; do
         i=${spec%%:*}
         more=""
@@ -26,6 +25,15 @@ sc_pool() { # FILE SC PREVIOUS SPEC...
         esac
         list+="${list:+, }{name: b$i, address: 10.97.$i.2$more}"
     done
+    echo "$list"
+}
+
+# The fleet's pool: web, maglev, tracked, GUE, second_chance SC, PREVIOUS as its previous pool
+# (none if empty), on backends SPEC... (I, I:WEIGHT or I:drain; backend I is 10.97.I.2, bI).
+sc_pool() { # FILE SC PREVIOUS SPEC...
+    local file=$1 sc=$2 prev=$3 list
+    shift 3
+    list=$(sc_backends "$@")
     {
         if [ -n "$prev" ]; then echo "previous: $prev"; fi
         printf 'services:\n  - name: web\n    vip: 10.99.0.100\n    port: 80\n    hash: flow\n    algorithm: maglev\n'

@@ -33,8 +33,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let nodes: Vec<NodeView> = snap
         .kvs
         .iter()
-        .filter(|kv| matches!(url.classify(&kv.key), Entry::Node(_)))
-        .filter_map(|kv| NodeView::from_json(&kv.value))
+        // As the nodes count them: bound to a lease, named by their key.
+        .filter_map(|kv| match url.classify(&kv.key) {
+            Entry::Node(node) if kv.lease != 0 => NodeView::from_json(&kv.value).map(|mut v| {
+                v.node = node.to_string();
+                v
+            }),
+            _ => None,
+        })
         .collect();
     let summary = Summary::new(snap.revision, pool_revision, nodes);
     let now = lb::clock::unix_ms();

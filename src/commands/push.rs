@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 
 use lb::config;
 use lb::fleet::StoreUrl;
+
 use lb::{diff, report};
 
 use crate::store::{Client, Pushed, TlsArgs, CALL_TIMEOUT};
@@ -36,6 +37,22 @@ pub struct Args {
     json: bool,
     #[command(flatten)]
     tls: TlsArgs,
+}
+
+/// The fleet's previous pool once FILE is pushed, with the revision that wrote it: the stored
+/// pool, which the nodes serve. A stored pool that does not validate (written by hand) is
+/// served by no node: the pool before it, from the store's history, if that one validates. None
+/// when there is nothing the nodes would accept (no pool yet, a history compacted away).
+fn previous_for(client: &Client, to: &StoreUrl, current: Option<&crate::store::client::Kv>, old: Option<&Option<lb::config::Pool>>) -> Option<(u64, Vec<u8>)> {
+    let kv = current?;
+    if matches!(old, Some(Some(_))) {
+        return Some((kv.mod_revision, kv.value.clone()));
+    }
+    let before = client.range_at(&to.key, &format!("{}\0", to.key), kv.mod_revision.checked_sub(1)?).ok()?;
+    let kv = before.get(&to.key)?;
+    let name = format!("{to}@{}", kv.mod_revision);
+    config::parse_stored(Path::new(&name), &kv.value, None).ok()?;
+    Some((kv.mod_revision, kv.value.clone()))
 }
 
 /// `--to`'s and `lb fleet`'s URL, read here rather than by clap, whose error would echo a
@@ -69,19 +86,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let old = current.map(|kv| config::parse_stored(Path::new(&format!("{}@{}", to, kv.mod_revision)), &kv.value, None).ok());
+    let replaced = previous_for(&client, &to, current, old.as_ref());
     let new = lb::load::at_full_capacity(&pool);
     let diffs = diff::diff(&old.clone().flatten().map_or_else(Default::default, |p| lb::load::at_full_capacity(&p)), &new);
     let same = current.is_some_and(|kv| kv.value == bytes);
     let outcome = if args.dry_run || same {
         None
     } else {
-        // The pool it replaces becomes the fleet's previous pool; a stored pool no node could
-        // apply (written by hand) is not one any node served: the previous pool stays.
-        let replaced = match &old {
-            Some(Some(_)) => current.map(|kv| kv.value.as_slice()),
-            _ => stored.get(&to.previous_key()).map(|kv| kv.value.as_slice()),
-        };
-        Some(client.push(&to, &bytes, base, replaced)?)
+        Some(client.push(&to, &bytes, base, replaced.as_ref().map(|(_, b)| b.as_slice()))?)
     };
     super::to_stdout(|out| {
         if args.json {
@@ -96,6 +108,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 "unchanged": same,
                 "conflict": outcome == Some(Pushed::Conflict),
                 "revision": written,
+                "previous_revision": replaced.as_ref().map(|(r, _)| *r),
                 "diff": report::diff_json(&diffs),
             });
             serde_json::to_writer(&mut *out, &v).context("writing JSON")?;
@@ -103,16 +116,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             match (&old, base) {
                 (None, _) => writeln!(out, "{}: no pool yet; this is the first", to)?,
-                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid (no node serves it): it is replaced, and the previous pool stays", to)?,
+                (Some(None), r) => writeln!(out, "{}: the stored pool (revision {r}) is not valid (no node serves it): it is replaced", to)?,
                 (Some(Some(_)), r) => writeln!(out, "{}: against revision {r}:", to)?,
             }
             write!(out, "{}", report::diff_text(&diffs))?;
             match &outcome {
                 _ if same => writeln!(out, "unchanged: the store holds this pool already (revision {base}); nothing written")?,
                 None => writeln!(out, "dry run: nothing written")?,
-                Some(Pushed::Written(r)) if base == 0 => writeln!(out, "pushed: revision {r}, the first pool at the key")?,
-                Some(Pushed::Written(r)) if matches!(old, Some(None)) => writeln!(out, "pushed: revision {r}")?,
-                Some(Pushed::Written(r)) => writeln!(out, "pushed: revision {r}; the pool it replaces (revision {base}) is the fleet's previous pool")?,
+                Some(Pushed::Written(r)) => match &replaced {
+                    Some((at, _)) => writeln!(out, "pushed: revision {r}; the previous pool is the one written at revision {at}")?,
+                    None => writeln!(out, "pushed: revision {r}, with no previous pool (second chance lists no previous owners for this change)")?,
+                },
                 Some(Pushed::Conflict) => {}
             }
         }

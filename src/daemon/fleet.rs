@@ -159,13 +159,16 @@ impl Fleet {
         Some(Stored { revision, bytes, previous: self.previous.clone() })
     }
 
-    /// The next piece of news the watch sent, applied to what the node knows; None when there
-    /// is no more. One at a time, so that each revision's decisions are made with the views as
+    /// Takes what the watch sent since the last call, for [`Fleet::next`]: once a turn of the
+    /// loop, so that a store that never stops changing cannot keep the loop from its other work.
+    pub(super) fn refill(&mut self) {
+        self.queue.extend(self.feed.drain());
+    }
+
+    /// The next piece of news taken, applied to what the node knows; None when there is no
+    /// more. One at a time, so that each revision's decisions are made with the views as
     /// they were at that revision.
     pub(super) fn next(&mut self) -> Option<Seen> {
-        if self.queue.is_empty() {
-            self.queue.extend(self.feed.drain());
-        }
         Some(match self.queue.pop_front()? {
             News::Lost(why) => {
                 if self.lost.is_none() {
@@ -284,7 +287,7 @@ impl Fleet {
     /// view: it is not one of theirs any more, nor they of its).
     pub(super) fn alone(&self) -> bool {
         let watch = self.lost.map(|(since, _)| since);
-        let view = self.publisher.failing_since();
+        let view = self.publisher.failing_since().map(|(since, _)| since);
         watch.into_iter().chain(view).min().is_some_and(|since| since.elapsed() > LEASE_TTL)
     }
 
@@ -310,7 +313,7 @@ impl Fleet {
 
     /// Since when (Unix milliseconds) the store has not answered.
     pub(super) fn lost_since_ms(&self) -> Option<u64> {
-        let view = self.publisher.failing_since().map(|since| lb::clock::unix_ms().saturating_sub(since.elapsed().as_millis() as u64));
+        let view = self.publisher.failing_since().map(|(_, ms)| ms);
         self.lost.map(|(_, ms)| ms).into_iter().chain(view).min()
     }
 

@@ -157,13 +157,17 @@ fn check(d: &mut Daemon, why: Cause, pool: &Pool, bytes: &[u8]) -> Option<(HashM
 /// node could apply is refused, logged and named in this node's view, and the tables stay.
 /// Then the fleet's decisions are made at that revision; last, this node's view is published.
 pub(super) fn follow_store(d: &mut Daemon) -> Result<()> {
-    // One revision at a time: its pool, then its decisions, before the next is read.
+    // One revision at a time: its decisions, then its pool (installed with them), before the
+    // next is read; only what arrived before this turn.
+    if let Some(f) = d.fleet.as_mut() {
+        f.refill();
+    }
     while let Some(seen) = d.fleet.as_mut().and_then(|f| f.next()) {
         let Seen::Revision { revision, pool } = seen else { continue };
+        d.decide(revision)?;
         if let Some(stored) = pool {
             from_store(d, stored)?;
         }
-        d.decide(revision)?;
     }
     if let Some(f) = d.fleet.as_mut() {
         if f.alone_changed() {

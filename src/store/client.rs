@@ -92,35 +92,51 @@ impl Client {
         Ok(Client { endpoints: url.endpoints.clone(), scheme, agent: agent.build(), watch_agent: watch_agent.build(), preferred: AtomicUsize::new(0) })
     }
 
-    /// POSTs `body` to `path` on each member in turn, from the last that answered, until one
-    /// answers; an error answer of etcd's (a failed precondition, an unknown lease) is returned
-    /// as it is, without trying others.
-    fn call(&self, path: &str, body: &Value) -> Result<Value> {
-        let text = body.to_string();
+    /// POSTs `body` to `path` with `agent` on each member in turn, from the last that answered,
+    /// until one answers; returns the answer and the member. An error answer of etcd's (a failed
+    /// precondition, an unknown lease) is returned as it is, without trying others.
+    fn post(&self, agent: &ureq::Agent, path: &str, body: &str) -> Result<(ureq::Response, &str)> {
         let mut errors = Vec::new();
         let first = self.preferred.load(Ordering::Relaxed);
         for i in 0..self.endpoints.len() {
             let at = (first + i) % self.endpoints.len();
-            let url = format!("{}://{}{path}", self.scheme, self.endpoints[at]);
-            match self.agent.post(&url).set("content-type", "application/json").send_string(&text) {
+            let member = self.endpoints[at].as_str();
+            match agent.post(&format!("{}://{member}{path}", self.scheme)).set("content-type", "application/json").send_string(body) {
                 Ok(resp) => {
                     self.preferred.store(at, Ordering::Relaxed);
-                    let mut body = String::new();
-                    resp.into_reader().take(64 << 20).read_to_string(&mut body)?;
-                    return serde_json::from_str(&body).map_err(|e| anyhow!("{}: an answer that is not JSON: {e}", self.endpoints[at]));
+                    return Ok((resp, member));
                 }
-                // 5xx: this member cannot serve now (no leader, a timeout): the next may.
-                Err(ureq::Error::Status(code, resp)) if code < 500 => return Err(anyhow!("{}: {}", self.endpoints[at], etcd_error(code, resp))),
-                Err(ureq::Error::Status(code, resp)) => errors.push(format!("{}: {}", self.endpoints[at], etcd_error(code, resp))),
-                Err(ureq::Error::Transport(t)) => errors.push(format!("{}: {}", self.endpoints[at], transport_text(&t))),
+                // 5xx, or 429 (too many requests): this member cannot serve now (no leader, a
+                // timeout, overload): the next may.
+                Err(ureq::Error::Status(code, resp)) if code < 500 && code != 429 => return Err(anyhow!("{member}: {}", etcd_error(code, resp))),
+                Err(ureq::Error::Status(code, resp)) => errors.push(format!("{member}: {}", etcd_error(code, resp))),
+                Err(ureq::Error::Transport(t)) => errors.push(format!("{member}: {}", transport_text(&t))),
             }
         }
         Err(anyhow!("no member of the store answered ({})", errors.join("; ")))
     }
 
+    /// One call: `body` to `path`, the JSON answer.
+    fn call(&self, path: &str, body: &Value) -> Result<Value> {
+        let (resp, member) = self.post(&self.agent, path, &body.to_string())?;
+        let mut text = String::new();
+        resp.into_reader().take(64 << 20).read_to_string(&mut text)?;
+        serde_json::from_str(&text).map_err(|e| anyhow!("{member}: an answer that is not JSON: {e}"))
+    }
+
     /// Every key from `key` up to `end` (exclusive), at one revision.
     pub fn range(&self, key: &str, end: &str) -> Result<Snapshot> {
-        let v = self.call("/v3/kv/range", &json!({"key": B64.encode(key), "range_end": B64.encode(end)}))?;
+        self.range_at(key, end, 0)
+    }
+
+    /// The same as the store held it at `revision` (0: now), from its history; an error when
+    /// that revision is compacted away.
+    pub fn range_at(&self, key: &str, end: &str, revision: u64) -> Result<Snapshot> {
+        let mut body = json!({"key": B64.encode(key), "range_end": B64.encode(end)});
+        if revision > 0 {
+            body["revision"] = json!(revision.to_string());
+        }
+        let v = self.call("/v3/kv/range", &body)?;
         let revision = num(&v["header"]["revision"]);
         let kvs = v["kvs"].as_array().map(|a| a.iter().filter_map(kv_of).collect()).unwrap_or_default();
         Ok(Snapshot { revision, kvs })
@@ -191,22 +207,10 @@ impl Client {
     /// Opens a watch on `key`..`end` from `revision`: the answers, one JSON object each, as the
     /// store sends them.
     pub fn watch(&self, key: &str, end: &str, revision: u64) -> Result<Watch> {
-        let body = json!({"create_request": {"key": B64.encode(key), "range_end": B64.encode(end), "start_revision": revision.to_string()}}).to_string();
-        let mut errors = Vec::new();
-        let first = self.preferred.load(Ordering::Relaxed);
-        for i in 0..self.endpoints.len() {
-            let at = (first + i) % self.endpoints.len();
-            let url = format!("{}://{}/v3/watch", self.scheme, self.endpoints[at]);
-            match self.watch_agent.post(&url).set("content-type", "application/json").send_string(&body) {
-                Ok(resp) => {
-                    let stream = serde_json::Deserializer::from_reader(resp.into_reader()).into_iter::<Value>();
-                    return Ok(Watch { stream: Box::new(stream), member: self.endpoints[at].clone() });
-                }
-                Err(ureq::Error::Status(code, resp)) => errors.push(format!("{}: {}", self.endpoints[at], etcd_error(code, resp))),
-                Err(ureq::Error::Transport(t)) => errors.push(format!("{}: {}", self.endpoints[at], transport_text(&t))),
-            }
-        }
-        Err(anyhow!("no member of the store answered ({})", errors.join("; ")))
+        let body = json!({"create_request": {"key": B64.encode(key), "range_end": B64.encode(end), "start_revision": revision.to_string()}});
+        let (resp, member) = self.post(&self.watch_agent, "/v3/watch", &body.to_string())?;
+        let stream = serde_json::Deserializer::from_reader(resp.into_reader()).into_iter::<Value>();
+        Ok(Watch { stream: Box::new(stream), member: member.to_string() })
     }
 }
 

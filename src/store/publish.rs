@@ -27,7 +27,7 @@ const STOP_WAIT: Duration = Duration::from_secs(1);
 
 pub struct Publisher {
     views: Option<Sender<String>>,
-    failing: Arc<Mutex<Option<Instant>>>,
+    failing: Arc<Mutex<Option<(Instant, u64)>>>,
     done: Receiver<()>,
 }
 
@@ -44,7 +44,10 @@ struct Keeper {
 impl Keeper {
     /// One turn: a lease if there is none, the view if it is not written, a keep-alive if due.
     fn turn(&mut self) -> Result<()> {
-        let Some(view) = &self.view else { return Ok(()) };
+        let Some(view) = &self.view else {
+            self.next_keep = Instant::now() + KEEP_ALIVE;
+            return Ok(());
+        };
         if self.lease == 0 {
             self.lease = self.client.grant(LEASE_TTL).context("granting the view's lease")?;
             self.written = false;
@@ -79,12 +82,14 @@ impl Publisher {
             .name("lb-store-view".into())
             .spawn(move || {
                 let mut k = Keeper { client, key, lease: 0, view: None, written: true, next_keep: Instant::now() + KEEP_ALIVE };
-                let set_failing = |v: Option<Instant>| {
+                let set_failing = |v: Option<(Instant, u64)>| {
                     if let Ok(mut f) = shared.lock() {
                         *f = v;
                     }
                 };
-                let mut failed: Option<Instant> = None;
+                let mut failed = false;
+                // When the store last took a call of this thread's: the lease runs from there.
+                let mut last_ok = (Instant::now(), lb::clock::unix_ms());
                 loop {
                     match rx.recv_timeout(k.next_keep.saturating_duration_since(Instant::now())) {
                         Ok(v) => {
@@ -97,16 +102,17 @@ impl Publisher {
                     }
                     match k.turn() {
                         Ok(()) => {
-                            if failed.take().is_some() {
+                            last_ok = (Instant::now(), lb::clock::unix_ms());
+                            if std::mem::take(&mut failed) {
                                 log(format!("store: this node's view is in the store again ({})", k.key));
                                 set_failing(None);
                             }
                         }
                         Err(e) => {
-                            if failed.is_none() {
+                            if !failed {
                                 log(format!("store: {e:#}; trying again every {:.1} s", KEEP_ALIVE.as_secs_f64()));
-                                failed = Some(Instant::now());
-                                set_failing(failed);
+                                failed = true;
+                                set_failing(Some(last_ok));
                             }
                             // A lease the store does not know (expired, revoked) is replaced.
                             if format!("{e:#}").contains("lease not found") {
@@ -117,7 +123,7 @@ impl Publisher {
                     }
                 }
                 // A store that does not answer is not waited for at a stop: the lease runs out.
-                if k.lease != 0 && failed.is_none() {
+                if k.lease != 0 && !failed {
                     let _ = k.client.revoke(k.lease);
                 }
                 let _ = done_tx.send(());
@@ -133,8 +139,9 @@ impl Publisher {
         }
     }
 
-    /// Since when the view has failed to reach the store (None: it is there).
-    pub fn failing_since(&self) -> Option<Instant> {
+    /// While the view fails to reach the store: since when (the last call the store took, as an
+    /// instant and in Unix milliseconds); None while it is there.
+    pub fn failing_since(&self) -> Option<(Instant, u64)> {
         self.failing.lock().ok().and_then(|f| *f)
     }
 }

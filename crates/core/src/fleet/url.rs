@@ -25,7 +25,7 @@ impl StoreUrl {
         if text.contains('@') {
             // A password in a URL ends up in shell histories, process lists and logs: refused
             // first, and the URL is never echoed.
-            return Err(format!("{SCHEME}...: no user or password in the URL; authenticate with client certificates (--store-cert, --store-key)"));
+            return Err(format!("{SCHEME}...: '@' is not allowed in a store URL (no user or password: authenticate with client certificates, --store-cert and --store-key)"));
         }
         let rest = text.strip_prefix(SCHEME).ok_or_else(|| format!("{text:?}: a store URL begins with {SCHEME}"))?;
         let (hosts, key) = match rest.find('/') {
