@@ -115,6 +115,7 @@ fn a_push_writes_the_pool_and_the_one_it_replaces_and_a_racing_push_writes_nothi
         assert_eq!(landed.len(), 1, "round {round}: {:?}", outs.iter().map(|o| String::from_utf8_lossy(&o.stderr).to_string()).collect::<Vec<_>>());
         for o in outs.iter().filter(|o| !o.status.success()) {
             assert!(String::from_utf8_lossy(&o.stderr).contains("conflict"), "{}", String::from_utf8_lossy(&o.stderr));
+            assert_eq!(json(o)["conflict"].as_bool(), Some(true), "--json says so too");
         }
         base = json(landed[0])["revision"].as_u64().expect("written");
     }

@@ -61,7 +61,6 @@ pub(crate) fn store_url(s: &str) -> Result<StoreUrl> {
     StoreUrl::parse(s).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-
 pub fn run(args: Args) -> Result<ExitCode> {
     let to = store_url(&args.to)?;
     let (pool, bytes) = config::load_bytes(&args.file).map_err(anyhow::Error::new)?;
@@ -80,6 +79,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let current = stored.get(&to.key);
     let base = current.map_or(0, |kv| kv.mod_revision);
     if let Some(expected) = args.expect_revision.filter(|&r| r != base) {
+        if args.json {
+            // `conflict: true`, as a conflict found by the transaction says it.
+            let v = serde_json::json!({"to": to.to_string(), "base_revision": base, "dry_run": args.dry_run, "unchanged": false, "conflict": true, "revision": null});
+            super::to_stdout(|out| {
+                serde_json::to_writer(&mut *out, &v)?;
+                writeln!(out)?;
+                Ok(())
+            })?;
+        }
         bail!(
             "{}: conflict: the stored pool is at revision {base}, not {expected} as --expect-revision says; nothing was written (look at it with lb fleet, then push again)",
             to
