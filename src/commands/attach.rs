@@ -117,7 +117,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// How long `lb attach --config etcd://...` waits for the store at start.
 const STORE_WAIT: Duration = Duration::from_secs(10);
 
-
 /// The pool from the store at start: read whole (every member tried, again for STORE_WAIT),
 /// validated with the pool it replaced.
 fn from_store(url: &StoreUrl, tls: &crate::store::TlsArgs) -> Result<(Pool, Vec<u8>, FirstRead)> {
@@ -135,9 +134,8 @@ fn from_store(url: &StoreUrl, tls: &crate::store::TlsArgs) -> Result<(Pool, Vec<
     let Some(kv) = snap.get(&url.key) else {
         bail!("{url}: no pool at {} (push one with `lb push FILE --to {url}`); nothing was attached", url.key);
     };
-    let (name, previous_name) = (PathBuf::from(format!("{url}@{}", kv.mod_revision)), PathBuf::from(format!("{url}/previous@{}", kv.mod_revision)));
-    let previous = snap.get(&url.previous_key()).map(|p| (previous_name.as_path(), p.value.as_slice()));
-    let pool = config::parse_stored(&name, &kv.value, previous).map_err(anyhow::Error::new)?;
+    let previous = snap.get(&url.previous_key()).map(|p| p.value.as_slice());
+    let pool = lb::fleet::parse_pool(url, kv.mod_revision, &kv.value, previous).map_err(anyhow::Error::new)?;
     let bytes = kv.value.clone();
     Ok((pool, bytes, (client, snap)))
 }

@@ -33,12 +33,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let nodes: Vec<NodeView> = snap
         .kvs
         .iter()
-        // As the nodes count them: bound to a lease, named by their key.
+        // As the nodes count them.
         .filter_map(|kv| match url.classify(&kv.key) {
-            Entry::Node(node) if kv.lease != 0 => NodeView::from_json(&kv.value).map(|mut v| {
-                v.node = node.to_string();
-                v
-            }),
+            Entry::Node(node) => NodeView::from_store(node, &kv.value, kv.lease),
             _ => None,
         })
         .collect();

@@ -5,7 +5,7 @@
 //! both land.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -50,8 +50,7 @@ fn previous_for(client: &Client, to: &StoreUrl, current: Option<&crate::store::c
     }
     let before = client.range_at(&to.key, &format!("{}\0", to.key), kv.mod_revision.checked_sub(1)?).ok()?;
     let kv = before.get(&to.key)?;
-    let name = format!("{to}@{}", kv.mod_revision);
-    config::parse_stored(Path::new(&name), &kv.value, None).ok()?;
+    lb::fleet::parse_pool(to, kv.mod_revision, &kv.value, None).ok()?;
     Some((kv.mod_revision, kv.value.clone()))
 }
 
@@ -93,7 +92,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             to
         );
     }
-    let old = current.map(|kv| config::parse_stored(Path::new(&format!("{}@{}", to, kv.mod_revision)), &kv.value, None).ok());
+    let old = current.map(|kv| lb::fleet::parse_pool(&to, kv.mod_revision, &kv.value, None).ok());
     let replaced = previous_for(&client, &to, current, old.as_ref());
     let new = lb::load::at_full_capacity(&pool);
     let diffs = diff::diff(&old.clone().flatten().map_or_else(Default::default, |p| lb::load::at_full_capacity(&p)), &new);

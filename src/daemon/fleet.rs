@@ -15,6 +15,7 @@ use anyhow::Result;
 use lb::fleet::decide::{down_by_majority, Key};
 use lb::fleet::url::Entry;
 use lb::fleet::view::{NodeView, Refusal};
+use lb::config;
 use lb::fleet::StoreUrl;
 
 use crate::log::log;
@@ -28,24 +29,6 @@ pub(super) struct Stored {
     pub(super) revision: u64,
     pub(super) bytes: Vec<u8>,
     pub(super) previous: Option<Vec<u8>>,
-}
-
-impl Stored {
-    /// The names errors give the pool and its previous pool: the URL, the key and the revision.
-    pub(super) fn names(&self, url: &StoreUrl) -> (PathBuf, PathBuf) {
-        (PathBuf::from(format!("{url}@{}", self.revision)), PathBuf::from(format!("{url}/previous@{}", self.revision)))
-    }
-
-    /// What it holds, for telling one read from another.
-    pub(super) fn digest(&self) -> u64 {
-        let mut h = xxhash_rust::xxh64::Xxh64::new(0);
-        h.update(&self.bytes);
-        if let Some(p) = &self.previous {
-            h.update(b"\0previous\0");
-            h.update(p);
-        }
-        h.digest()
-    }
 }
 
 /// What one piece of news changed.
@@ -140,7 +123,7 @@ impl Fleet {
         };
         f.replace(first);
         if let Some(s) = f.stored() {
-            f.read = s.digest();
+            f.read = config::pool_digest(&s.bytes, s.previous.as_deref());
             f.pool_revision = s.revision;
             f.applied_ms = lb::clock::unix_ms();
         }
@@ -204,16 +187,17 @@ impl Fleet {
     /// pool they replaced) changed, or when this node refused an earlier revision of it (a
     /// reason of its own, such as a route, may be gone now).
     fn seen(&mut self, revision: u64) -> Seen {
-        let Some(s) = self.stored() else { return Seen::Revision { revision, pool: None } };
-        let retry = self.refused.as_ref().is_some_and(|r| r.revision < s.revision);
-        if s.digest() != self.read || retry {
-            self.read = s.digest();
-            return Seen::Revision { revision, pool: Some(s) };
+        let Some((bytes, written)) = &self.pool else { return Seen::Revision { revision, pool: None } };
+        let digest = config::pool_digest(bytes, self.previous.as_deref());
+        let retry = self.refused.as_ref().is_some_and(|r| r.revision < *written);
+        if digest != self.read || retry {
+            self.read = digest;
+            return Seen::Revision { revision, pool: self.stored() };
         }
         // The same bytes written again (a tool that puts what it has): still the pool served,
         // now at this revision.
         if self.refused.is_none() && self.pool_revision > 0 {
-            self.pool_revision = self.pool_revision.max(s.revision);
+            self.pool_revision = self.pool_revision.max(*written);
         }
         Seen::Revision { revision, pool: None }
     }
@@ -228,24 +212,20 @@ impl Fleet {
         }
     }
 
-    /// One key's new value (None: deleted), written at `revision` under `lease`. A view that is
-    /// bound to no lease is no live node's (a leftover, something written by hand) and counts
-    /// for nothing; a view goes by the name its key gives it.
+    /// One key's new value (None: deleted), written at `revision` under `lease`; views count as
+    /// NodeView::from_store says.
     fn change(&mut self, key: &str, value: Option<Vec<u8>>, revision: u64, lease: i64) {
         match self.url.classify(key) {
             Entry::Pool => self.pool = value.map(|v| (v, revision)),
             Entry::Previous => self.previous = value,
-            Entry::Node(node) => {
-                match value.filter(|_| lease != 0).as_deref().and_then(NodeView::from_json) {
-                    Some(mut v) => {
-                        v.node = node.to_string();
-                        self.views.insert(node.to_string(), v);
-                    }
-                    None => {
-                        self.views.remove(node);
-                    }
+            Entry::Node(node) => match value.and_then(|v| NodeView::from_store(node, &v, lease)) {
+                Some(v) => {
+                    self.views.insert(node.to_string(), v);
                 }
-            }
+                None => {
+                    self.views.remove(node);
+                }
+            },
             Entry::Other => {}
         }
     }

@@ -59,16 +59,10 @@ pub(super) struct Reloader {
 /// The digest of what a pool file's bytes make lb serve: the bytes, and the previous pool file
 /// they name (second chance's hops come from it), so that a change of either is a change.
 fn content_digest(path: &std::path::Path, bytes: &[u8]) -> u64 {
-    let mut h = xxhash_rust::xxh64::Xxh64::new(0);
-    h.update(bytes);
-    if let Some(previous) = config::previous_file_of(path, bytes) {
-        h.update(b"\0previous\0");
-        // A regular file only: reading a FIFO would block the controller.
-        if std::fs::metadata(&previous).is_ok_and(|m| m.is_file()) {
-            h.update(&std::fs::read(previous).unwrap_or_default());
-        }
-    }
-    h.digest()
+    // A regular file only: reading a FIFO would block the controller.
+    let previous = config::previous_file_of(path, bytes)
+        .map(|previous| if std::fs::metadata(&previous).is_ok_and(|m| m.is_file()) { std::fs::read(previous).unwrap_or_default() } else { Vec::new() });
+    config::pool_digest(bytes, previous.as_deref())
 }
 
 impl Reloader {
@@ -184,14 +178,13 @@ fn from_store(d: &mut Daemon, stored: Stored) -> Result<()> {
     let started = Instant::now();
     let Some(f) = d.fleet.as_mut() else { return Ok(()) };
     let why = Cause::Store(stored.revision);
-    let (name, previous_name) = stored.names(&f.url);
-    let previous = stored.previous.as_deref().map(|p| (previous_name.as_path(), p));
+    let parsed = lb::fleet::parse_pool(&f.url, stored.revision, &stored.bytes, stored.previous.as_deref());
     let refuse = |d: &mut Daemon, reason: String| {
         if let Some(f) = d.fleet.as_mut() {
             f.refused = Some(Refusal { revision: stored.revision, reason });
         }
     };
-    let pool = match config::parse_stored(&name, &stored.bytes, previous) {
+    let pool = match parsed {
         Ok(pool) => pool,
         Err(e) => {
             log(format!("reload refused ({why}): {e}; the current tables keep serving"));

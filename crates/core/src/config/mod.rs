@@ -461,6 +461,19 @@ fn parse_alone<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Pool, &'b str), Conf
     Ok((validate::pool(path, &doc)?, text))
 }
 
+/// The digest of what a pool's bytes make lb serve: the bytes, and the previous pool's when it
+/// names or has one (second chance's hops come from it), so that a change of either is a change.
+/// A reloader reads a pool again only when this changes (a file's, or a store's).
+pub fn pool_digest(bytes: &[u8], previous: Option<&[u8]>) -> u64 {
+    let mut h = xxhash_rust::xxh64::Xxh64::new(0);
+    h.update(bytes);
+    if let Some(p) = previous {
+        h.update(b"\0previous\0");
+        h.update(p);
+    }
+    h.digest()
+}
+
 /// The previous pool file a pool file's text names (`previous:`, resolved against the pool
 /// file's directory), if it names one; None for text that does not parse. For a reloader that
 /// must see a change of either file as a change.

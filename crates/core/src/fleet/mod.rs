@@ -18,3 +18,13 @@ pub mod view;
 
 pub use url::StoreUrl;
 pub use view::NodeView;
+
+use crate::config::{self, ConfigError, Pool};
+
+/// The pool `url`'s key held at `revision` (its bytes), validated with the pool it replaced (the
+/// previous key's bytes, if any), errors named by the URL and the revision: how every reader of
+/// a store reads a pool (`lb attach` at start and at each revision, `lb push`).
+pub fn parse_pool(url: &StoreUrl, revision: u64, bytes: &[u8], previous: Option<&[u8]>) -> Result<Pool, ConfigError> {
+    let (name, previous_name) = url.names_at(revision);
+    config::parse_stored(&name, bytes, previous.map(|p| (previous_name.as_path(), p)))
+}

@@ -1,6 +1,7 @@
 //! `etcd://HOST:PORT[,HOST:PORT...]/KEY`: where a fleet's pool is kept, and the keys beside it.
 
 use std::fmt;
+use std::path::PathBuf;
 
 /// A pool in etcd: the members to ask (any of them answers) and the pool's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,12 @@ impl StoreUrl {
     /// The key of `node`'s view.
     pub fn node_key(&self, node: &str) -> String {
         format!("{}{node}", self.nodes_prefix())
+    }
+
+    /// How errors name the pool written at `revision`, and the pool it replaced:
+    /// `etcd://h:2379/lb/pool@7`, `etcd://h:2379/lb/pool/previous@7`.
+    pub fn names_at(&self, revision: u64) -> (PathBuf, PathBuf) {
+        (PathBuf::from(format!("{self}@{revision}")), PathBuf::from(format!("{self}/previous@{revision}")))
     }
 
     /// The end (exclusive) of the key range that holds the pool, its previous pool and the views:

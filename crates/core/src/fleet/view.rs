@@ -63,6 +63,18 @@ impl NodeView {
         serde_json::from_slice(bytes).ok()
     }
 
+    /// The view under `KEY/nodes/NODE` as the fleet counts it: bound to a lease (a value bound
+    /// to none, written by hand or left over, is no live node's), and named by its key whatever
+    /// its JSON says. None for anything else.
+    pub fn from_store(node: &str, bytes: &[u8], lease: i64) -> Option<NodeView> {
+        if lease == 0 {
+            return None;
+        }
+        let mut v = NodeView::from_json(bytes)?;
+        v.node = node.to_string();
+        Some(v)
+    }
+
     /// Whether this node's own checks see `backend` of `service` down.
     pub fn sees_down(&self, service: &str, backend: &str) -> bool {
         self.down.get(service).is_some_and(|b| b.iter().any(|x| x == backend))
@@ -83,5 +95,8 @@ mod tests {
         let newer = br#"{"node":"b","revision":3,"a_field_of_a_later_version":[1,2]}"#;
         assert_eq!(NodeView::from_json(newer).map(|v| (v.node, v.revision)), Some(("b".into(), 3)));
         assert_eq!(NodeView::from_json(b"not json"), None);
+        let named = NodeView::from_store("c", br#"{"node":"someone-else"}"#, 7).expect("a view under a lease");
+        assert_eq!(named.node, "c", "a view goes by its key's name");
+        assert_eq!(NodeView::from_store("c", br#"{"node":"c"}"#, 0), None, "a view bound to no lease counts for nothing");
     }
 }
