@@ -183,6 +183,12 @@ metric() { # PATTERN
     ip netns exec "$PREFIX-lb" curl -sf --max-time 5 http://127.0.0.1:9100/metrics | grep -E "$1" | head -1 | awk '{print $NF}'
 }
 
+# Waits until backend NAME of service web holds no slot of the installed table.
+wait_no_slots() { # NAME
+    wait_until 100 0.05 sh -c "ip netns exec $PREFIX-lb curl -sf --max-time 5 http://127.0.0.1:9100/metrics | grep -q '^lb_backend_slots{service=\"web\",vip=\"10.99.0.100\",backend=\"$1\"} 0\$'" ||
+        fail "$1 still holds slots: $(metric "lb_backend_slots\\{service=\"web\",vip=\"10.99.0.100\",backend=\"$1\"\\}")"
+}
+
 test_load_slow_start_and_what_agents_say() { # MODE
     begin_test lbw load_teardown
     topo_up "$PREFIX" 4 "$1" || fail "topology"
@@ -234,11 +240,15 @@ PY
     # (2) What agents say. drain: no new connections on b1, its held ones stay.
     echo drain >"$WORK/override-b1"
     wait_load_log "load: web backend b1 10.99.0.11 drains (agent says drain)"
+    # (The line is logged as the table is computed, before it is installed: the metric follows
+    # the installed table.)
+    wait_no_slots b1
     probe "$WORK/drained" --vip 10.99.0.100 --port 80 --sources 10.99.0.52 --count 200 || fail "connections with b1 drained"
     ! grep -q ' b1$' "$WORK/drained" || fail "a new connection went to the drained b1"
     # down: b2 is out, new and tracked connections alike.
     echo down >"$WORK/override-b2"
     wait_load_log "load: web backend b2 10.99.0.12 is out (agent says down)"
+    wait_no_slots b2
     probe "$WORK/down" --vip 10.99.0.100 --port 80 --sources 10.99.0.53 --count 200 || fail "connections with b2 down"
     ! grep -qE ' b[12]$' "$WORK/down" || fail "a new connection went to b1 or b2"
     # garbage: counted, and the last good report (80%) stands: b3's weight does not move.
