@@ -4,8 +4,16 @@
 //! flow of a service without quic_lb, measured in the same rounds. Prints figures and ratios;
 //! asserts only that every repeat took the intended path (its counter moved by the repeats).
 //!
-//! Needs root. `cargo bench --bench quic` for the full run; under `cargo test --benches` it runs
-//! a few thousand repeats once, as a smoke test.
+//! Then the same over a working set of W distinct flows (10,000 by default), one run per packet
+//! round-robin, the way a link delivers them (benches/flows.rs's method; the floor program,
+//! which only swaps MACs, measures the method's own cost on the same packets): a plain UDP flow
+//! without quic_lb; QUIC-LB with encrypted IDs decoded before ("steady": the later packets of
+//! W connections); every ID new ("first packets", with the decode budget off, so that each pays
+//! the cipher); and a flood of made-up IDs, each new, with the budget on as it ships. Ratios
+//! are against the plain UDP row of the same round.
+//!
+//! Needs root. `cargo bench --bench quic [-- --flows W]` for the full run; under `cargo test
+//! --benches` it runs a few thousand repeats once, as a smoke test.
 
 use std::time::Duration;
 
@@ -68,6 +76,14 @@ fn frame(port: u16, cid: &[u8]) -> Vec<u8> {
     f
 }
 
+/// [`frame`] from flow `i` of a working set: source 172.16.0.0/12 and port by `i`.
+fn frame_of(port: u16, i: u32, cid: &[u8]) -> Vec<u8> {
+    let mut f = frame(port, cid);
+    f[26..30].copy_from_slice(&(0xac10_0000 | (i >> 10)).to_be_bytes());
+    f[34..36].copy_from_slice(&(1024 + (i & 1023) as u16).to_be_bytes());
+    f
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -117,6 +133,130 @@ fn main() -> anyhow::Result<()> {
     println!("{:<36} {:>8} {:>14}", "path", "ns/pkt", "x plain flow");
     for (i, (_, name, ..)) in ROWS.iter().enumerate() {
         println!("{:<36} {:>8.0} {:>14.2}", name, median(times[i].clone()), median(ratios[i].clone()));
+    }
+    working_set(&mut dp, &key, quick)
+}
+
+/// The working-set rows (see the top of the file).
+fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    let w: u32 = match argv.iter().position(|a| a == "--flows") {
+        Some(i) => argv.get(i + 1).ok_or_else(|| anyhow::anyhow!("--flows needs a value"))?.replace('_', "").parse()?,
+        None if quick => 500,
+        None => 10_000,
+    };
+    let rounds = if quick { 1 } else { 7 };
+    let mut floor_obj = std::mem::MaybeUninit::uninit();
+    let floor = {
+        use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+        lb::dataplane::floor::FloorSkelBuilder::default().open(&mut floor_obj)?.load()?
+    };
+    let run_floor = |f: &[u8]| -> anyhow::Result<f64> {
+        let out = floor.progs.floor_xdp.test_run(libbpf_rs::ProgramInput { data_in: Some(f), repeat: 1, ..Default::default() })?;
+        Ok(out.duration.as_nanos() as f64)
+    };
+    // The services: 443 plain UDP, 446 (2+6, three Feistel passes) and 445 (8+8, one AES block).
+    let ids = |port: u16, sid: usize, nonce: usize, first: u32| -> Vec<Vec<u8>> {
+        let config = Config::new(0, sid, nonce, Some(*key)).expect("valid");
+        (first..first + w)
+            .map(|i| {
+                let mut n: Vec<u8> = (0..nonce as u8).collect();
+                n[..4].copy_from_slice(&i.to_be_bytes());
+                frame_of(port, i, &encode(&config, &vec![sid_octet(port, 0); sid], &n))
+            })
+            .collect()
+    };
+    let plain: Vec<Vec<u8>> = (0..w).map(|i| frame_of(443, i, &[0x41; 9])).collect();
+    let (feistel, aes) = (ids(446, 2, 6, 0), ids(445, 8, 8, 0));
+    // Made-up IDs: random octets after the first (rotation 0), each new.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    // A flood lasts: 20 packets for each flow of the working set (200,000 by default), so that
+    // the budget's burst is a small part of it.
+    let mut made_up = |first: u32| -> Vec<Vec<u8>> {
+        (first..first + 20 * w)
+            .map(|i| {
+                let mut cid = vec![0x05u8; 9];
+                for b in &mut cid[1..] {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    *b = x as u8;
+                }
+                frame_of(446, i % w, &cid)
+            })
+            .collect()
+    };
+    let run = |dp: &Balancer, frames: &[Vec<u8>]| -> anyhow::Result<f64> {
+        let mut total = 0.0;
+        for f in frames {
+            let (action, d) = dp.test_run_repeat(f, 1)?;
+            anyhow::ensure!(action == 3, "XDP action {action}, not XDP_TX");
+            total += d.as_nanos() as f64;
+        }
+        Ok(total / frames.len() as f64)
+    };
+    let floor_of = |frames: &[Vec<u8>]| -> anyhow::Result<f64> { Ok(frames.iter().map(|f| run_floor(f)).sum::<anyhow::Result<f64>>()? / frames.len() as f64) };
+    // Each ID decoded once before the steady rows (all at once: past the budget).
+    dp.set_quic_budget(false)?;
+    run(dp, &feistel)?;
+    run(dp, &aes)?;
+    dp.set_quic_budget(true)?;
+    let names = [
+        "floor (the method's own cost)",
+        "plain UDP flow (no quic_lb)",
+        "steady, Feistel 3 passes (2+6)",
+        "steady, AES single pass (8+8)",
+        "first packets, Feistel (2+6)",
+        "first packets, AES (8+8)",
+        "flood of made-up IDs (20 W), budget on",
+    ];
+    let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let mut decoded = vec![Vec::new(); names.len()];
+    let mut over = vec![Vec::new(); names.len()];
+    for r in 0..rounds {
+        let fresh = 1_000_000 * (r + 1);
+        let (new_feistel, new_aes, flood) = (ids(446, 2, 6, fresh), ids(445, 8, 8, fresh), made_up(fresh));
+        let mut one = |dp: &Balancer, i: usize, f: &dyn Fn(&Balancer) -> anyhow::Result<f64>| -> anyhow::Result<()> {
+            let (d0, o0) = (dp.stat(S::LB_QUIC_DECODED)?, dp.stat(S::LB_QUIC_OVER_BUDGET)?);
+            t[i].push(f(dp)?);
+            let packets = if i == 6 { 20 * w } else { w } as f64;
+            decoded[i].push((dp.stat(S::LB_QUIC_DECODED)? - d0) as f64 / packets);
+            over[i].push((dp.stat(S::LB_QUIC_OVER_BUDGET)? - o0) as f64 / packets);
+            Ok(())
+        };
+        one(dp, 0, &|_| floor_of(&plain))?;
+        one(dp, 1, &|dp| run(dp, &plain))?;
+        one(dp, 2, &|dp| run(dp, &feistel))?;
+        one(dp, 3, &|dp| run(dp, &aes))?;
+        dp.set_quic_budget(false)?;
+        one(dp, 4, &|dp| run(dp, &new_feistel))?;
+        one(dp, 5, &|dp| run(dp, &new_aes))?;
+        dp.set_quic_budget(true)?;
+        // The budget as a CPU has it after a quiet second.
+        std::thread::sleep(Duration::from_millis(if quick { 10 } else { 1000 }));
+        one(dp, 6, &|dp| run(dp, &flood))?;
+    }
+    if std::env::var_os("QUIC_BENCH_ROUNDS").is_some() {
+        for (i, name) in names.iter().enumerate() {
+            println!("{name}: decoded {:?} over {:?}", decoded[i], over[i]);
+        }
+    }
+    println!();
+    println!("Over a working set of {w} flows, one run per packet, round-robin, {rounds} rounds (medians):");
+    println!("{:<36} {:>8} {:>12} {:>12} {:>9} {:>9}", "path", "ns/pkt", "x plain UDP", "x over floor", "decoded", "over bgt");
+    let (fl, pl) = (median(t[0].clone()), median(t[1].clone()));
+    for (i, name) in names.iter().enumerate() {
+        let ns = median(t[i].clone());
+        let over_floor = if i == 0 { String::new() } else { format!("{:.2}", (ns - fl) / (pl - fl)) };
+        println!(
+            "{:<36} {:>8.0} {:>12.2} {:>12} {:>8.0}% {:>8.0}%",
+            name,
+            ns,
+            ns / pl,
+            over_floor,
+            100.0 * median(decoded[i].clone()),
+            100.0 * median(over[i].clone())
+        );
     }
     Ok(())
 }

@@ -224,6 +224,7 @@ fn root_crafted_quic_packets_never_route_outside_their_service_and_are_counted_o
         lb_stat::LB_QUIC_UNKNOWN_SERVER,
         lb_stat::LB_QUIC_UNUSABLE,
         lb_stat::LB_QUIC_NO_KEY,
+        lb_stat::LB_QUIC_OVER_BUDGET,
     ];
     let total = |dp: &Balancer| outcomes.iter().map(|s| dp.stat(*s).expect("stat")).sum::<u64>();
     let configs = [(443u16, Config::new(1, 1, 4, None).expect("valid")), (444, Config::new(2, 2, 6, Some(parse_hex(KEY_B2).expect("hex").try_into().expect("16"))).expect("valid"))];
@@ -374,4 +375,78 @@ fn root_a_pinned_plane_keeps_routing_by_id_across_a_restart() {
     assert!(lb.wait_exit(Duration::from_secs(20)).success());
     let out = common::lb_run(&p.lb, &["detach", "lbv0", "--pin-dir", pins.0.to_str().expect("utf-8")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// An encrypted ID is decoded once: the later packets of its connection (other packet numbers,
+/// other source ports) find its server ID among the IDs decoded before, and are still routed as
+/// the server IDs are at that packet (a backend's changed server ID is followed at once). IDs
+/// never seen are decoded at most LB_QUIC_DECODES_PER_SEC a second on each CPU, after a burst of
+/// LB_QUIC_DECODE_BURST: a flood of them past that goes by the table, counted over_budget, while
+/// an ID decoded before still routes. The control: with the budget off, every ID of the same
+/// flood is decoded and routed.
+#[test]
+fn root_an_encrypted_id_is_decoded_once_and_a_flood_of_new_ones_is_bounded() {
+    use lb::dataplane::types::lb_quic_budget as B;
+    let mut text = String::from("services:\n");
+    service(&mut text, 443, &quic_yaml(0, 2, 6, Some(KEY_B2)), "0a1b", "0c0d");
+    let (mut dp, mut pool) = load(&text);
+    // One CPU, so that one budget is spent.
+    let mut one = nix::sched::CpuSet::new();
+    one.set(0).expect("cpu 0");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &one).expect("pinning the test to CPU 0");
+    let config = Config::new(0, 2, 6, Some(parse_hex(KEY_B2).expect("hex").try_into().expect("16"))).expect("valid");
+    let stat = |dp: &Balancer, s: lb_stat| dp.stat(s).expect("stat");
+    let ours = encode(&config, &[0x0a, 0x1b], &[1, 2, 3, 4, 5, 6]);
+    let decoded = stat(&dp, lb_stat::LB_QUIC_DECODED);
+    for n in 0..100u16 {
+        let mut frame = short_header(443, 40000 + n, &ours);
+        // The packet number and payload behind the ID differ from packet to packet.
+        let at = frame.len() - 25;
+        frame[at..].iter_mut().enumerate().for_each(|(i, b)| *b = (n as usize * 7 + i) as u8);
+        assert_eq!(sent_to(&dp, &frame), mac(target(443)), "packet {n}");
+    }
+    assert_eq!(stat(&dp, lb_stat::LB_QUIC_DECODED), decoded + 1, "100 packets of one ID, decoded once");
+
+    // The backend's server ID changes: the ID decoded before names a server the pool no longer has.
+    pool.services[0].backends[0].server_id = Some(vec![0x0e, 0x0e]);
+    dp.apply(&pool).expect("apply");
+    let unknown = stat(&dp, lb_stat::LB_QUIC_UNKNOWN_SERVER);
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &ours)), mac(decoy(443)));
+    assert_eq!(stat(&dp, lb_stat::LB_QUIC_UNKNOWN_SERVER), unknown + 1);
+    let theirs = encode(&config, &[0x0e, 0x0e], &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &theirs)), mac(target(443)));
+
+    // A flood of IDs never seen (each naming the backend, so that one decoded is one routed),
+    // sent as fast as the test can.
+    let flood = |dp: &Balancer, first: u32, n: u32| -> (u64, u64, f64) {
+        let frames: Vec<Vec<u8>> = (first..first + n)
+            .map(|i| short_header(443, 50000, &encode(&config, &[0x0e, 0x0e], &[(i >> 24) as u8, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x77, 0x77])))
+            .collect();
+        let (decoded, over) = (stat(dp, lb_stat::LB_QUIC_DECODED), stat(dp, lb_stat::LB_QUIC_OVER_BUDGET));
+        let t = std::time::Instant::now();
+        let mut routed = 0u64;
+        for f in &frames {
+            routed += (sent_to(dp, f) == mac(target(443))) as u64;
+        }
+        let took = t.elapsed().as_secs_f64();
+        let (decoded, over) = (stat(dp, lb_stat::LB_QUIC_DECODED) - decoded, stat(dp, lb_stat::LB_QUIC_OVER_BUDGET) - over);
+        assert_eq!(routed, decoded, "every ID decoded was routed, and only those");
+        assert_eq!(decoded + over, n as u64, "every other one was over the budget");
+        (decoded, over, took)
+    };
+    let n = 20_000;
+    let (rate, burst) = (B::LB_QUIC_DECODES_PER_SEC.0 as f64, B::LB_QUIC_DECODE_BURST.0 as f64);
+    let (d, over, took) = flood(&dp, 0, n);
+    // The coarse clock the budget reads moves in ticks of a few ms: one tick's worth of slack.
+    let most = burst + rate * (took + 0.01);
+    println!("with the budget: {n} new IDs in {took:.3} s: {d} decoded (at most {most:.0}), {over} over the budget");
+    assert!((d as f64) <= most, "{d} decoded in {took:.3} s: more than the budget's {most:.0}");
+    assert!(over > 0, "the flood never went past the budget ({d} decoded in {took:.3} s)");
+    // The ID decoded before still routes, budget or not.
+    assert_eq!(sent_to(&dp, &short_header(443, 40001, &theirs)), mac(target(443)));
+
+    dp.set_quic_budget(false).expect("budget off");
+    let (d, over, took) = flood(&dp, n, n);
+    println!("without the budget: {n} new IDs in {took:.3} s: {d} decoded, {over} over the budget");
+    assert_eq!((d, over), (n as u64, 0), "the control: without the budget every new ID is decoded");
 }

@@ -339,6 +339,7 @@ pub fn status(maps: &PinnedMaps) -> Result<PlaneStatus> {
         other_host: counters.other_host,
         fragments: counters.fragments,
         quic: counters.quic,
+        quic_decoded: counters.quic_decoded,
         flows: counters::flow_entries(maps)?,
         flow_capacity: sizes.flows,
         ..Default::default()

@@ -22,6 +22,9 @@ pub enum Group {
     Fragment,
     /// `quic_lb`: QUIC-LB's outcomes (`lb_quic_lb_packets{outcome}`).
     Quic,
+    /// `quic_lb_decoded`: encrypted connection IDs decoded by the cipher
+    /// (`lb_quic_lb_decoded_ids`); not an outcome, each packet's is counted in `Quic` too.
+    QuicDecoded,
 }
 
 /// One member of `enum lb_stat`.
@@ -45,7 +48,7 @@ const fn c(member: &'static str, index: u32, group: Group, name: &'static str, h
 use Group::*;
 
 /// Every counter, in the enum's order (so in each group the order lb.h gives them).
-pub const COUNTERS: [Counter; 37] = [
+pub const COUNTERS: [Counter; 39] = [
     c("LB_STAT_PASSED", 0, Passed, "passed", "not for a service: handed to the kernel unchanged"),
     c("LB_DROP_MALFORMED", 1, Drop, "malformed", "a header cut short or inconsistent"),
     c("LB_DROP_NO_BACKEND", 2, Drop, "no_backend", "the slot is empty"),
@@ -83,6 +86,8 @@ pub const COUNTERS: [Counter; 37] = [
     c("LB_QUIC_UNKNOWN_SERVER", 34, Quic, "unknown_server", "a server ID no backend of the pool has"),
     c("LB_QUIC_UNUSABLE", 35, Quic, "unusable", "the server ID of a backend that is down (unhealthy or removed)"),
     c("LB_QUIC_NO_KEY", 36, Quic, "no_key", "encrypted, and the kernel's AES context is missing or failed"),
+    c("LB_QUIC_OVER_BUDGET", 37, Quic, "over_budget", "encrypted, not decoded before, and this CPU decoded all it may this second"),
+    c("LB_QUIC_DECODED", 38, QuicDecoded, "decoded", "an encrypted connection ID decoded by the cipher (not among those decoded before)"),
 ];
 
 /// The counters of `group`, in order.

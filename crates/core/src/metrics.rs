@@ -158,8 +158,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     )?;
     let frag = snap.fragments.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
     family(encoder, "lb_fragment_lookups", "Fragments: recorded (a first fragment's backend), followed (a later one sent there), unmatched (the fragment route decided), conflict (a first fragment disagreed with the record: deleted)", MetricType::Counter, frag)?;
-    let quic = snap.quic.iter().map(|(e, v)| (vec![("outcome", e.to_string())], ConstCounter::new(*v)));
-    family(encoder, "lb_quic_lb_packets", "Packets of QUIC-LB services: routed (by the server ID in their connection ID), or by the flow table and the table for a reason: client_id (Initial, 0-RTT), unroutable (0b111), other_config, short, unknown_server, unusable (backend down), no_key", MetricType::Counter, quic)?;
+    encode_quic(encoder, snap)?;
     let ct = snap.conntrack.iter().map(|(e, v)| (vec![("event", e.to_string())], ConstCounter::new(*v)));
     family(encoder, "lb_flow_table_lookups", "Flow-table outcomes: hit, miss, new (entry made), stale (entry re-hashed)", MetricType::Counter, ct)?;
     family(encoder, "lb_flow_table_capacity", "Entries the flow table holds at most", MetricType::Gauge, [(Vec::new(), ConstGauge::new(model.flow_capacity as i64))])?;
@@ -214,6 +213,20 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
         MetricType::Gauge,
         unstable,
     )
+}
+
+/// QUIC-LB's outcomes, and the IDs its cipher decoded.
+fn encode_quic(encoder: &mut DescriptorEncoder, snap: &Snapshot) -> fmt::Result {
+    let quic = snap.quic.iter().map(|(e, v)| (vec![("outcome", e.to_string())], ConstCounter::new(*v)));
+    family(encoder, "lb_quic_lb_packets", "Packets of QUIC-LB services: routed (by the server ID in their connection ID), or by the flow table and the table for a reason: client_id (Initial, 0-RTT), unroutable (0b111), other_config, short, unknown_server, unusable (backend down), no_key, over_budget (an ID not decoded before, past this CPU's decodings a second)", MetricType::Counter, quic)?;
+    family(
+        encoder,
+        "lb_quic_lb_decoded_ids",
+        "Encrypted QUIC-LB connection IDs the cipher decoded (an ID decoded before is found among those kept, not decoded again)",
+        MetricType::Counter,
+        [(Vec::new(), ConstCounter::new(snap.quic_decoded))],
+    )?;
+    Ok(())
 }
 
 /// Escapes text for HTML (element content and quoted attribute values).
@@ -422,6 +435,7 @@ mod tests {
             other_host: 6,
             fragments: vec![("recorded", 4), ("followed", 3), ("unmatched", 1)],
             quic: vec![("routed", 5), ("client_id", 2)],
+            quic_decoded: 3,
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),
@@ -459,6 +473,7 @@ mod tests {
             "lb_passed_packets_total 7",
             "lb_icmp_errors_forwarded_total 2",
             "lb_other_host_packets_total 6",
+            "lb_quic_lb_decoded_ids_total 3",
             "lb_fragment_lookups_total{event=\"followed\"} 3",
             "lb_flow_table_lookups_total{event=\"hit\"} 9",
             "lb_flow_table_entries 11",

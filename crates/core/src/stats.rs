@@ -53,6 +53,8 @@ pub struct Snapshot {
     pub fragments: Vec<(&'static str, u64)>,
     /// QUIC-LB services' packets: routed by connection ID, or fallen back by reason.
     pub quic: Vec<(&'static str, u64)>,
+    /// Of those, the encrypted IDs the cipher decoded (not found among the IDs decoded before).
+    pub quic_decoded: u64,
     pub services: Vec<ServiceCounters>,
 }
 
@@ -103,7 +105,7 @@ pub fn text(now: &Snapshot, previous: Option<&Snapshot>, seconds: f64, uptime: f
         let _ = writeln!(out, "  fragments: {}", counter_list(&now.fragments));
     }
     if now.quic.iter().any(|q| q.1 > 0) {
-        let _ = writeln!(out, "  quic-lb: {}", counter_list(&now.quic));
+        let _ = writeln!(out, "  quic-lb: {}; decoded={}", counter_list(&now.quic), now.quic_decoded);
     }
     let _ = writeln!(out, "  other hosts: passed={}", now.other_host);
     for s in &now.services {
@@ -155,6 +157,8 @@ pub struct PlaneStatus {
     pub fragments: Vec<(&'static str, u64)>,
     /// QUIC-LB: routed, and the fallbacks by reason.
     pub quic: Vec<(&'static str, u64)>,
+    /// Encrypted IDs the cipher decoded.
+    pub quic_decoded: u64,
     /// Entries in the flow table, and its size.
     pub flows: u64,
     pub flow_capacity: u32,
@@ -202,6 +206,7 @@ impl PlaneStatus {
             "other_host": self.other_host,
             "fragments": counters(&self.fragments),
             "quic_lb": counters(&self.quic),
+            "quic_lb_decoded": self.quic_decoded,
             "flows": {"entries": self.flows, "capacity": self.flow_capacity},
             "services": self.services.iter().map(|s| json!({
                 "name": s.name,
@@ -234,7 +239,7 @@ impl PlaneStatus {
         let _ = writeln!(out, "  conntrack: {}", counter_list(&self.conntrack));
         let _ = writeln!(out, "  icmp: forwarded={}", self.icmp_forwarded);
         let _ = writeln!(out, "  fragments: {}", counter_list(&self.fragments));
-        let _ = writeln!(out, "  quic-lb: {}", counter_list(&self.quic));
+        let _ = writeln!(out, "  quic-lb: {}; decoded={}", counter_list(&self.quic), self.quic_decoded);
         let _ = writeln!(out, "  other hosts: passed={}", self.other_host);
         let _ = writeln!(out, "  flow table: {} of {} entries", self.flows, self.flow_capacity);
         for s in &self.services {
@@ -298,6 +303,7 @@ mod tests {
             other_host: 0,
             fragments: Vec::new(),
             quic: Vec::new(),
+            quic_decoded: 0,
             services: vec![ServiceCounters {
                 name: "web".into(),
                 endpoint: "10.0.0.100:80/tcp".into(),

@@ -148,6 +148,7 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
         other_host: 0,
         fragments: of(Group::Fragment),
         quic: of(Group::Quic),
+        quic_decoded: 0,
         services: Vec::new(),
     };
     for c in &counters::COUNTERS {
@@ -160,6 +161,7 @@ fn counters_of(stats: &dyn MapCore) -> Result<Snapshot> {
             Group::Conntrack => snap.conntrack.push((c.name, n)),
             Group::Fragment => snap.fragments.push((c.name, n)),
             Group::Quic => snap.quic.push((c.name, n)),
+            Group::QuicDecoded => snap.quic_decoded = n,
         }
     }
     Ok(snap)

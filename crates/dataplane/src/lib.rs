@@ -309,6 +309,15 @@ impl Dataplane {
         self.commit_settings()
     }
 
+    /// On (the default): each CPU decodes at most `LB_QUIC_DECODES_PER_SEC` encrypted QUIC-LB
+    /// connection IDs it has not decoded before (lb.h, enum lb_quic_budget); past that, such a
+    /// packet goes by the table, counted over_budget. Off: every one is decoded (the tests'
+    /// control).
+    pub fn set_quic_budget(&mut self, on: bool) -> Result<()> {
+        self.settings()?.quic_budget_off = !on as u32;
+        self.commit_settings()
+    }
+
     /// The interface's MTU: an encapsulated packet longer than this is answered with "too big"
     /// (or dropped) instead of sent.
     pub fn set_mtu(&mut self, mtu: u32) -> Result<()> {

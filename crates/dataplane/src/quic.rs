@@ -40,14 +40,33 @@ impl Dataplane {
                 maps.quic_servers.delete(&k).context("forgetting a stale QUIC-LB server ID")?;
             }
         }
+        let mut rekeyed = HashSet::new();
         for (rk, key) in wanted_keys(pool) {
             if self.quic_keys.get(&rk) != Some(&key) {
                 self.set_quic_key(&rk, &key)?;
+                rekeyed.insert(bytes_of(&service_key_of(&rk)).to_vec());
             }
         }
         let maps = &self.skel.maps;
-        for (k, v) in wanted_configs(pool) {
-            if maps.quic_configs.lookup(&k, MapFlags::ANY)?.as_deref() != Some(bytes_of(&v)) {
+        let written: HashMap<Vec<u8>, types::lb_quic_config> = maps
+            .quic_configs
+            .keys()
+            .filter_map(|k| Some((k.clone(), value_of(&maps.quic_configs.lookup(&k, MapFlags::ANY).ok()??))))
+            .collect();
+        // A configuration decodes IDs as before while its key and lengths stay: it keeps its
+        // generation, and the IDs decoded under it (quic_cids). Otherwise it takes one no
+        // configuration has had since this plane was loaded.
+        let mut next = written.values().map(|c| c.gen).max().unwrap_or(0);
+        for (k, mut v) in wanted_configs(pool) {
+            let old = written.get(&k);
+            v.gen = match old {
+                Some(o) if !rekeyed.contains(&k) && (o.sid_len, o.nonce_len, o.encrypted, o.rotation) == (v.sid_len, v.nonce_len, v.encrypted, v.rotation) => o.gen,
+                _ => {
+                    next = next.checked_add(1).context("QUIC-LB configuration generations ran out (reload the program)")?;
+                    next
+                }
+            };
+            if old.map(bytes_of) != Some(bytes_of(&v)) {
                 maps.quic_configs.update(&k, bytes_of(&v), MapFlags::ANY).context("writing a QUIC-LB configuration")?;
             }
         }
@@ -156,12 +175,19 @@ fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
         let rk = plan::service_key(s);
         let mut mask = [0u8; 16];
         mask[..q.server_id_len as usize].fill(0xff);
+        let mut cid_mask = [0u8; 20];
+        cid_mask[..1 + q.server_id_len as usize + q.nonce_len as usize].fill(0xff);
+        let words = |m: &[u8]| -> Vec<u32> { m.chunks(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect() };
+        let (sid_mask, cid_mask) = (words(&mask), words(&cid_mask));
         let config = types::lb_quic_config {
             rotation: q.rotation,
             sid_len: q.server_id_len,
             nonce_len: q.nonce_len,
             encrypted: q.key.is_some() as u8,
-            sid_mask: std::array::from_fn(|i| u32::from_ne_bytes([mask[4 * i], mask[4 * i + 1], mask[4 * i + 2], mask[4 * i + 3]])),
+            sid_mask: std::array::from_fn(|i| sid_mask[i]),
+            cid_mask: std::array::from_fn(|i| cid_mask[i]),
+            // Set by quic_before, which knows what the map holds.
+            gen: 0,
         };
         out.insert(bytes_of(&service_key_of(&rk)).to_vec(), config);
     }

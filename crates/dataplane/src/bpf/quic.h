@@ -13,7 +13,11 @@
  * ID is longer than the nonce), each pass an AES-128 encryption. The AES is the kernel's
  * (bpf_crypto_encrypt/decrypt on an "ecb(aes)" context), made from the key by the syscall
  * program quic_set_key below and kept in quic_aes: the key schedule is computed once, outside
- * the packet path, and the cipher is the kernel's own (here aes-fixed-time, constant-time). */
+ * the packet path, and the cipher is the kernel's own (here aes-fixed-time, constant-time).
+ * An encrypted ID is decoded once: quic_cids (quic_map.h) keeps the server IDs of IDs decoded
+ * before, so a connection's later packets pay a hash lookup, not the cipher; and each CPU
+ * decodes at most LB_QUIC_DECODES_PER_SEC IDs it has not seen, so that a flood of made-up IDs
+ * falls back to the table (counted over_budget) instead of to the cipher. */
 #ifndef LB_QUIC_H
 #define LB_QUIC_H
 
@@ -184,6 +188,30 @@ static __noinline int quic_decrypt(struct lb_quic_aes *aes, struct lb_quic_scrat
 	return 0;
 }
 
+/* Whether this CPU may decode one more encrypted ID now (lb.h, LB_QUIC_DECODES_PER_SEC, and up
+ * to LB_QUIC_DECODE_BURST at once after a quiet moment); if so, that one is taken. The budget
+ * is a virtual clock per CPU: each decoding moves it on by its share of a second, it may run
+ * ahead of the real one by the burst at most, and it never lags it by more than the burst. */
+static __always_inline int quic_budget_take(void)
+{
+	const __u64 each = 1000000000ULL / LB_QUIC_DECODES_PER_SEC, burst = each * LB_QUIC_DECODE_BURST;
+	__u64 now, *clock;
+	__u32 zero = 0;
+
+	if (lb_settings.quic_budget_off)
+		return 1;
+	clock = bpf_map_lookup_elem(&quic_budget, &zero);
+	if (!clock)
+		return 0;
+	now = bpf_ktime_get_coarse_ns() + burst; /* (shifted, so that now - burst is never below 0) */
+	if (*clock + burst < now)
+		*clock = now - burst;
+	if (*clock + each > now)
+		return 0;
+	*clock += each;
+	return 1;
+}
+
 /* The backend id a QUIC packet's destination connection ID names, or 0 with the fallback's
  * reason counted. `off`: where the UDP payload starts in the frame; `len`: its length by the
  * datagram's own length fields. A global function, so that the verifier walks it once rather
@@ -192,6 +220,7 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	const struct lb_quic_config *cfg;
+	const struct lb_quic_sid *known = NULL;
 	struct lb_quic_aes *aes = NULL;
 	struct lb_quic_scratch *s;
 	struct lb_backend *be;
@@ -240,9 +269,22 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		return count(LB_QUIC_OTHER_CONFIG, 0);
 	__builtin_memcpy(&s->key.service, svc, sizeof(s->key.service));
 	if (cfg->encrypted) {
-		aes = bpf_map_lookup_elem(&quic_aes, svc);
-		if (!aes || quic_decrypt(aes, s, cfg))
-			return count(LB_QUIC_NO_KEY, 0);
+		/* An ID decoded before (under this configuration's generation) is not decoded again;
+		 * one never seen is, while this CPU's budget lasts. */
+		s->decoded.gen = cfg->gen;
+		for (i = 0; i < 5; i++)
+			((__u32 *)s->decoded.cid)[i] = ((__u32 *)s->cid)[i] & cfg->cid_mask[i];
+		known = bpf_map_lookup_elem(&quic_cids, &s->decoded);
+		if (known) {
+			__builtin_memcpy(s->key.sid, known->sid, 16);
+		} else {
+			if (!quic_budget_take())
+				return count(LB_QUIC_OVER_BUDGET, 0);
+			aes = bpf_map_lookup_elem(&quic_aes, svc);
+			if (!aes || quic_decrypt(aes, s, cfg))
+				return count(LB_QUIC_NO_KEY, 0);
+			count(LB_QUIC_DECODED, 0);
+		}
 	} else {
 		__builtin_memcpy(s->key.sid, cid + 1, 16);
 	}
@@ -252,6 +294,9 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 	id = bpf_map_lookup_elem(&quic_servers, &s->key);
 	if (!id)
 		return count(LB_QUIC_UNKNOWN_SERVER, 0);
+	/* A server of the pool: its ID is worth keeping decoded. */
+	if (cfg->encrypted && !known)
+		bpf_map_update_elem(&quic_cids, &s->decoded, s->key.sid, BPF_ANY);
 	be = bpf_map_lookup_elem(&backends, id);
 	if (!be || !(be->flags & LB_BACKEND_ALIVE))
 		return count(LB_QUIC_UNUSABLE, 0);

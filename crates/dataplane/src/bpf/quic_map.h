@@ -48,6 +48,7 @@ struct lb_quic_scratch {
 	__u8 in[16];    /* the cipher's input block */
 	__u8 out[16];   /* and its output */
 	struct lb_quic_server key;
+	struct lb_quic_cid decoded; /* the ID's key in quic_cids */
 };
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -55,5 +56,37 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb_quic_scratch);
 } quic_scratch SEC(".maps");
+
+/* Encrypted IDs already decoded -> their server IDs (struct lb_quic_cid -> 16 octets, the
+ * server ID padded with zeros), so that only the first packet of a connection, or of each of its
+ * IDs, pays the cipher. Only IDs that named a server of the pool at the time are kept, so that
+ * a flood of made-up IDs does not wash out real ones. The server ID, not the backend, is kept:
+ * quic_servers still decides which backend that is, at every packet, and a configuration's new
+ * key or lengths give it a new generation, under which nothing is found. Least recently used
+ * entries go first, from one list for all CPUs: lookups take no lock, inserts (first packets
+ * only, within the budget) take the list's; lists per CPU would each hold a CPU's share, and
+ * lose IDs another CPU has room for. About 6.5 MiB. Not pinned: derived, a new program starts
+ * without it. */
+#ifndef LB_QUIC_CIDS
+#define LB_QUIC_CIDS 65536
+#endif
+struct lb_quic_sid {
+	__u8 sid[16];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_QUIC_CIDS);
+	__type(key, struct lb_quic_cid);
+	__type(value, struct lb_quic_sid);
+} quic_cids SEC(".maps");
+
+/* Each CPU's budget of decodings (lb.h, LB_QUIC_DECODES_PER_SEC), as a virtual clock: the time
+ * the decodings spent so far would end at, each worth a second / LB_QUIC_DECODES_PER_SEC. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} quic_budget SEC(".maps");
 
 #endif /* LB_QUIC_MAP_H */
