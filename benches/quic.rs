@@ -9,7 +9,8 @@
 //! which only swaps MACs, measures the method's own cost on the same packets): a plain UDP flow
 //! without quic_lb; QUIC-LB with encrypted IDs decoded before ("steady": the later packets of
 //! W connections); every ID new ("first packets", with the decode budget off, so that each pays
-//! the cipher); and a flood of made-up IDs, each new, with the budget on as it ships. Ratios
+//! the cipher); a flood of made-up IDs, each new, with the budget on as it ships; and IDs in
+//! plain sight (QUIC-LB's own path, with nothing to decode or look up per flow). Ratios
 //! are against the plain UDP row of the same round.
 //!
 //! Needs root. `cargo bench --bench quic [-- --flows W]` for the full run; under `cargo test
@@ -157,7 +158,7 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
     };
     // The services: 443 plain UDP, 446 (2+6, three Feistel passes) and 445 (8+8, one AES block).
     let ids = |port: u16, sid: usize, nonce: usize, first: u32| -> Vec<Vec<u8>> {
-        let config = Config::new(0, sid, nonce, Some(*key)).expect("valid");
+        let config = Config::new(0, sid, nonce, (port != 444).then_some(*key)).expect("valid");
         (first..first + w)
             .map(|i| {
                 let mut n: Vec<u8> = (0..nonce as u8).collect();
@@ -167,7 +168,7 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
             .collect()
     };
     let plain: Vec<Vec<u8>> = (0..w).map(|i| frame_of(443, i, &[0x41; 9])).collect();
-    let (feistel, aes) = (ids(446, 2, 6, 0), ids(445, 8, 8, 0));
+    let (feistel, aes, in_sight) = (ids(446, 2, 6, 0), ids(445, 8, 8, 0), ids(444, 2, 6, 0));
     let run = |dp: &Balancer, frames: &[Vec<u8>]| -> anyhow::Result<f64> {
         let mut total = 0.0;
         for f in frames {
@@ -203,10 +204,10 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
     let mut flooding: Vec<Vec<u8>> = (0..w).map(|i| frame_of(446, i, &[0x05; 9])).collect();
     let floor_of = |frames: &[Vec<u8>]| -> anyhow::Result<f64> { Ok(frames.iter().map(|f| run_floor(f)).sum::<anyhow::Result<f64>>()? / frames.len() as f64) };
     // Each ID decoded once before the steady rows (all at once: past the budget).
-    dp.set_quic_budget(false)?;
+    dp.set_quic_decode_budget(0)?;
     run(dp, &feistel)?;
     run(dp, &aes)?;
-    dp.set_quic_budget(true)?;
+    dp.set_quic_decode_budget(lb::dataplane::DEFAULT_QUIC_DECODES)?;
     let names = [
         "floor (the method's own cost)",
         "plain UDP flow (no quic_lb)",
@@ -215,6 +216,7 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
         "first packets, Feistel (2+6)",
         "first packets, AES (8+8)",
         "flood of made-up IDs (20 W), budget on",
+        "in plain sight (2+6), no decoding",
     ];
     let mut t: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut decoded = vec![Vec::new(); names.len()];
@@ -234,10 +236,10 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
         one(dp, 1, &|dp| run(dp, &plain))?;
         one(dp, 2, &|dp| run(dp, &feistel))?;
         one(dp, 3, &|dp| run(dp, &aes))?;
-        dp.set_quic_budget(false)?;
+        dp.set_quic_decode_budget(0)?;
         one(dp, 4, &|dp| run(dp, &new_feistel))?;
         one(dp, 5, &|dp| run(dp, &new_aes))?;
-        dp.set_quic_budget(true)?;
+        dp.set_quic_decode_budget(lb::dataplane::DEFAULT_QUIC_DECODES)?;
         // The budget as a CPU has it after a quiet second.
         std::thread::sleep(Duration::from_millis(if quick { 10 } else { 1000 }));
         let mut frames = std::mem::take(&mut flooding);
@@ -246,6 +248,7 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
             flood(dp, &mut f, fresh as u64)
         })?;
         flooding = std::mem::take(&mut frames);
+        one(dp, 7, &|dp| run(dp, &in_sight))?;
     }
     println!();
     println!("Over a working set of {w} flows, one run per packet, round-robin, {rounds} rounds (medians):");

@@ -21,6 +21,9 @@ pub struct Settings {
     pub conntrack_timeouts: (Duration, Duration),
     /// Track flows from their second packet (see `lb attach --conntrack-guard`).
     pub conntrack_guard: bool,
+    /// Encrypted QUIC-LB IDs each CPU decodes a second at most (`--quic-decode-budget`; 0: no
+    /// bound).
+    pub quic_decode_budget: u32,
     /// How long to wait at start for backends' MACs before attaching anyway.
     pub resolve_timeout: Duration,
     /// Quiet time after the last file event before a reload.

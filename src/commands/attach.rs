@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 
 use lb::config::{self, Pool};
-use lb::dataplane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_CAPACITY};
+use lb::dataplane::{DEFAULT_CONNTRACK_SIZE, DEFAULT_QUIC_DECODES, DEFAULT_TABLE_CAPACITY};
 
 use super::values::{address_prefix, on_off, seconds};
 use crate::daemon;
@@ -73,6 +73,12 @@ pub struct Args {
     /// packet, evicting the flow seen longest ago when the table is full.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     conntrack_guard: bool,
+    /// Encrypted QUIC-LB connection IDs each CPU decodes a second at most, of those not decoded
+    /// before (a tenth of a second's worth at once after a quiet moment); past that, a packet
+    /// with such an ID goes by the table, counted over_budget, so that a flood of made-up IDs
+    /// cannot take the CPUs. 0: no bound.
+    #[arg(long, value_name = "IDS", default_value_t = DEFAULT_QUIC_DECODES)]
+    quic_decode_budget: u32,
     /// At start, wait at most SECS seconds for backends' MACs before attaching anyway.
     #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "2")]
     resolve_timeout: Duration,
@@ -185,6 +191,7 @@ fn settings(a: Args) -> Result<(Settings, Pool, Vec<u8>, Option<FirstRead>)> {
         conntrack_size: a.conntrack_size,
         conntrack_timeouts: (a.conntrack_tcp_timeout, a.conntrack_udp_timeout),
         conntrack_guard: a.conntrack_guard,
+        quic_decode_budget: a.quic_decode_budget,
         resolve_timeout: a.resolve_timeout,
         reload_delay: a.reload_delay,
         recheck_interval: a.recheck_interval,

@@ -80,6 +80,7 @@ pub(super) fn start<'a>(settings: &'a Settings, pool: Pool, content: &[u8], firs
     let metrics = start_metrics(settings, &dp)?;
     dp.set_conntrack_timeouts(settings.conntrack_timeouts.0, settings.conntrack_timeouts.1)?;
     dp.set_conntrack_guard(settings.conntrack_guard)?;
+    dp.set_quic_decode_budget(settings.quic_decode_budget)?;
     let encap = Encap::start(&mut dp, sources, interface_mtu(&ifc))?;
     let mut neighbours = Neighbours::new(events, list);
     neighbours.set_via(&mut dp, via)?;

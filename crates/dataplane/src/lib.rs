@@ -90,6 +90,32 @@ pub struct Dataplane {
     /// The QUIC-LB key each service's AES context in quic_aes was made from, as this process
     /// installed it (the kernel never gives a key back): crates/dataplane/src/quic.rs.
     quic_keys: HashMap<lb_core::plan::RouteKey, [u8; 16]>,
+    /// The last generation given to a QUIC-LB configuration (lb.h, struct lb_quic_config):
+    /// each new one is the next, never one given before, so that no ID decoded under a
+    /// configuration that is gone is found under another (crates/dataplane/src/quic.rs).
+    quic_gen: u32,
+}
+
+/// Encrypted QUIC-LB IDs each CPU decodes a second at most by default (`--quic-decode-budget`).
+pub const DEFAULT_QUIC_DECODES: u32 = types::lb_quic_budget::LB_QUIC_DECODES_PER_SEC.0;
+
+/// Fills `buf` from the kernel's random source.
+fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: the pointer and length name the unwritten rest of `buf`, which lives across
+        // the call; getrandom writes at most that many bytes.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(())
 }
 
 /// Flow-table entries by default (`--conntrack-size`): 262,144, 4 MiB of kernel memory (and
@@ -178,7 +204,7 @@ impl Dataplane {
         );
         let hops = SlotsMapping::new(&skel.maps.table_hops, capacity)?;
         let flow_maps = slot_marks::FlowMaps::new(&skel)?;
-        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false, bss_reused: reuse.is_some() && !fresh.contains(&"bss"), quic_keys: HashMap::new() };
+        let mut dp = Dataplane { skel, slots, hops, flow_maps, macs: HashMap::new(), via: HashMap::new(), gens: HashMap::new(), unmarked: false, bss_reused: reuse.is_some() && !fresh.contains(&"bss"), quic_keys: HashMap::new(), quic_gen: 0 };
         // The settings as the reused map holds them, so that what is written through from now
         // on starts from them.
         if dp.bss_reused {
@@ -201,7 +227,9 @@ impl Dataplane {
             dp.set_conntrack_timeouts(DEFAULT_CT_TCP_TIMEOUT, DEFAULT_CT_UDP_TIMEOUT)?;
             dp.set_conntrack_guard(true)?;
             dp.set_mtu(1500)?;
+            dp.set_quic_decode_budget(DEFAULT_QUIC_DECODES)?;
         }
+        dp.quic_gen = dp.first_quic_gen()?;
         // From the maps as loaded (a reused one keeps its pinned size).
         let buckets = |m: &libbpf_rs::MapMut<'_>| -> Result<u32> { Ok(m.info()?.info.max_entries / FLOW_WAYS) };
         let (ct, pending) = (buckets(&dp.skel.maps.flows)?, buckets(&dp.skel.maps.flow_pending)?);
@@ -309,12 +337,14 @@ impl Dataplane {
         self.commit_settings()
     }
 
-    /// On (the default): each CPU decodes at most `LB_QUIC_DECODES_PER_SEC` encrypted QUIC-LB
-    /// connection IDs it has not decoded before (lb.h, enum lb_quic_budget); past that, such a
-    /// packet goes by the table, counted over_budget. Off: every one is decoded (the tests'
-    /// control).
-    pub fn set_quic_budget(&mut self, on: bool) -> Result<()> {
-        self.settings()?.quic_budget_off = !on as u32;
+    /// At most `per_second` encrypted QUIC-LB connection IDs that were not decoded before are
+    /// decoded by each CPU a second (and a tenth of a second's worth at once); past that, such a
+    /// packet goes by the table, counted over_budget (lb.h, enum lb_quic_budget). 0: no bound.
+    pub fn set_quic_decode_budget(&mut self, per_second: u32) -> Result<()> {
+        self.settings()?.quic_decode_ns = match per_second {
+            0 => 0,
+            n => (1_000_000_000 / n).max(1),
+        };
         self.commit_settings()
     }
 
@@ -351,20 +381,7 @@ impl Dataplane {
             return Ok(());
         }
         let mut bytes = [0u8; 16];
-        let mut got = 0;
-        while got < bytes.len() {
-            // SAFETY: the pointer and length name the unwritten rest of `bytes`, which lives
-            // across the call; getrandom writes at most that many bytes.
-            let n = unsafe { libc::getrandom(bytes[got..].as_mut_ptr().cast(), bytes.len() - got, 0) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e).context("getrandom for the flow-tag key");
-            }
-            got += n as usize;
-        }
+        random_bytes(&mut bytes).context("getrandom for the flow-tag key")?;
         let key = types::lb_flow_key { k: [u64::from_ne_bytes(bytes[..8].try_into()?), u64::from_ne_bytes(bytes[8..].try_into()?)] };
         anyhow::ensure!(key.k != [0, 0], "getrandom returned zeros for the flow-tag key");
         self.skel.maps.flow_key.update(&0u32.to_ne_bytes(), encode::bytes_of(&key), libbpf_rs::MapFlags::ANY).context("writing the flow-tag key")?;

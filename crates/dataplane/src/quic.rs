@@ -40,34 +40,32 @@ impl Dataplane {
                 maps.quic_servers.delete(&k).context("forgetting a stale QUIC-LB server ID")?;
             }
         }
-        let mut rekeyed = HashSet::new();
-        for (rk, key) in wanted_keys(pool) {
-            if self.quic_keys.get(&rk) != Some(&key) {
-                self.set_quic_key(&rk, &key)?;
-                rekeyed.insert(bytes_of(&service_key_of(&rk)).to_vec());
-            }
-        }
         let maps = &self.skel.maps;
         let written: HashMap<Vec<u8>, types::lb_quic_config> = maps
             .quic_configs
             .keys()
             .filter_map(|k| Some((k.clone(), value_of(&maps.quic_configs.lookup(&k, MapFlags::ANY).ok()??))))
             .collect();
-        // A configuration decodes IDs as before while its key and lengths stay: it keeps its
-        // generation, and the IDs decoded under it (quic_cids). Otherwise it takes one no
-        // configuration has had since this plane was loaded.
-        let mut next = written.values().map(|c| c.gen).max().unwrap_or(0);
-        for (k, mut v) in wanted_configs(pool) {
+        for (rk, mut v, key) in wanted(pool) {
+            let k = bytes_of(&service_key_of(&rk)).to_vec();
+            let rekey = key.filter(|key| self.quic_keys.get(&rk) != Some(key));
+            if let Some(key) = &rekey {
+                self.set_quic_key(&rk, key)?;
+            }
+            // A configuration decodes IDs as before while its key and lengths stay: it keeps its
+            // generation, and the IDs decoded under it (quic_cids). Otherwise it takes a new one.
             let old = written.get(&k);
             v.gen = match old {
-                Some(o) if !rekeyed.contains(&k) && (o.sid_len, o.nonce_len, o.encrypted, o.rotation) == (v.sid_len, v.nonce_len, v.encrypted, v.rotation) => o.gen,
-                _ => {
-                    next = next.checked_add(1).context("QUIC-LB configuration generations ran out (reload the program)")?;
-                    next
-                }
+                Some(o) if rekey.is_none() && (o.sid_len, o.nonce_len, o.encrypted, o.rotation) == (v.sid_len, v.nonce_len, v.encrypted, v.rotation) => o.gen,
+                _ => self.next_quic_gen()?,
             };
             if old.map(bytes_of) != Some(bytes_of(&v)) {
-                maps.quic_configs.update(&k, bytes_of(&v), MapFlags::ANY).context("writing a QUIC-LB configuration")?;
+                if let Err(e) = self.skel.maps.quic_configs.update(&k, bytes_of(&v), MapFlags::ANY) {
+                    // The kernel has the new key, under a configuration that does not say so:
+                    // the next change makes the key again, with a new generation.
+                    self.quic_keys.remove(&rk);
+                    return Err(e).context("writing a QUIC-LB configuration");
+                }
             }
         }
         Ok(())
@@ -127,6 +125,29 @@ impl Dataplane {
         failed
     }
 
+    /// The generation to count on from for this plane's QUIC-LB configurations: past every one
+    /// its maps hold, and past them by a random step, so that a controller that adopts a plane
+    /// does not give out again, by chance, what the one before gave to a configuration since
+    /// deleted (whose IDs the old program, attached until the switch, may still hold decoded).
+    pub(super) fn first_quic_gen(&self) -> Result<u32> {
+        let maps = &self.skel.maps;
+        let mut top = 0u32;
+        for k in maps.quic_configs.keys() {
+            if let Some(v) = maps.quic_configs.lookup(&k, MapFlags::ANY)? {
+                top = top.max(value_of::<types::lb_quic_config>(&v).gen);
+            }
+        }
+        let mut step = [0u8; 2];
+        super::random_bytes(&mut step).context("getrandom for the QUIC-LB generations")?;
+        Ok(top.saturating_add(u16::from_ne_bytes(step) as u32))
+    }
+
+    /// A generation no configuration of this plane has had since it was loaded.
+    fn next_quic_gen(&mut self) -> Result<u32> {
+        self.quic_gen = self.quic_gen.checked_add(1).context("QUIC-LB configuration generations ran out (restart lb to load the program afresh)")?;
+        Ok(self.quic_gen)
+    }
+
     /// Makes the kernel's AES-128 context of the service at `rk` from `key`, through the syscall
     /// program quic_set_key, and keeps it in quic_aes (replacing the one there).
     fn set_quic_key(&mut self, rk: &plan::RouteKey, key: &[u8; 16]) -> Result<()> {
@@ -169,7 +190,13 @@ impl Dataplane {
 
 /// quic_configs' entries for `pool`: each quic_lb service's parameters, by service key.
 fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
-    let mut out = HashMap::new();
+    wanted(pool).into_iter().map(|(rk, c, _)| (bytes_of(&service_key_of(&rk)).to_vec(), c)).collect()
+}
+
+/// Each quic_lb service of `pool`: its key, its parameters (generation 0: quic_before gives
+/// it) and its AES key if it has one.
+fn wanted(pool: &Pool) -> Vec<(plan::RouteKey, types::lb_quic_config, Option<[u8; 16]>)> {
+    let mut out = Vec::new();
     for s in &pool.services {
         let Some(q) = &s.quic_lb else { continue };
         let rk = plan::service_key(s);
@@ -189,7 +216,7 @@ fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
             // Set by quic_before, which knows what the map holds.
             gen: 0,
         };
-        out.insert(bytes_of(&service_key_of(&rk)).to_vec(), config);
+        out.push((rk, config, q.key));
     }
     out
 }

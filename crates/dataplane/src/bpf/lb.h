@@ -120,13 +120,15 @@ struct lb_quic_cid {
 	__u8 cid[20];
 };
 
-/* How many encrypted IDs each CPU may decode a second (quic.h, quic_budget_take), and how many
- * at once after a quiet moment: past that, a packet whose ID is not in quic_cids falls back to
- * the table (counted over_budget), so that a flood of IDs never seen costs what plain packets
- * do. A decoding costs 0.4 to 1.1 us (one to four AES blocks): at most about 2% of a CPU. */
+/* The budget of decodings (quic.h, quic_budget_take): each CPU decodes at most a set number of
+ * encrypted IDs a second that are not in quic_cids (lb_config.quic_decode_ns apart on average;
+ * `lb attach --quic-decode-budget`, LB_QUIC_DECODES_PER_SEC by default), and at most a window's
+ * worth of them at once after a quiet moment; past that, such a packet falls back to the table
+ * (counted over_budget), so that a flood of made-up IDs cannot take the CPUs. A decoding costs
+ * 0.4 to 1.5 us here (one to four AES blocks): the default bounds it to 2 to 8% of each CPU. */
 enum lb_quic_budget {
-	LB_QUIC_DECODES_PER_SEC = 20000,
-	LB_QUIC_DECODE_BURST = 2000,
+	LB_QUIC_DECODES_PER_SEC = 50000,
+	LB_QUIC_DECODE_WINDOW_NS = 100000000,
 };
 
 /* Key of quic_servers: a server ID of a service (padded with zeros to 16 octets), whose value is
@@ -340,8 +342,8 @@ struct lb_config {
 	__u32 stable_off;      /* 1: every slot counts as unstable (lb_slot_bits), whatever its word
 				* says: while the table words of a plane from before stable slots,
 				* shared with its still attached program, cannot carry the marks yet */
-	__u32 quic_budget_off; /* 1: QUIC-LB decodes every encrypted ID it is sent, with no bound
-				* per CPU and second (LB_QUIC_DECODES_PER_SEC): for tests only */
+	__u32 quic_decode_ns;  /* the budget of decodings (enum lb_quic_budget): a second / the
+				* decodings each CPU may make a second; 0: no bound */
 };
 
 /* Per-CPU counters, indexed by these. Every packet that is dropped is dropped for one reason.

@@ -151,7 +151,7 @@ const volatile enum lb_flow_table_layout lb_flow_table_layout_btf = LB_FLOW_WAYS
 const volatile enum lb_forward lb_forward_btf = LB_FWD_L2;
 const volatile enum lb_gue_hops_layout lb_gue_hops_layout_btf = LB_GUE_HOPS_V4;
 const volatile enum lb_slot_bits lb_slot_bits_btf = LB_SLOT_UNSTABLE;
-const volatile enum lb_quic_budget lb_quic_budget_btf = LB_QUIC_DECODE_BURST;
+const volatile enum lb_quic_budget lb_quic_budget_btf = LB_QUIC_DECODES_PER_SEC;
 
 static __always_inline int count(__u32 stat, int action)
 {

@@ -188,25 +188,25 @@ static __noinline int quic_decrypt(struct lb_quic_aes *aes, struct lb_quic_scrat
 	return 0;
 }
 
-/* Whether this CPU may decode one more encrypted ID now (lb.h, LB_QUIC_DECODES_PER_SEC, and up
- * to LB_QUIC_DECODE_BURST at once after a quiet moment); if so, that one is taken. The budget
- * is a virtual clock per CPU: each decoding moves it on by its share of a second, it may run
- * ahead of the real one by the burst at most, and it never lags it by more than the burst. */
+/* Whether this CPU may decode one more encrypted ID now (lb.h, enum lb_quic_budget); if so, that
+ * one is taken. The budget is a virtual clock per CPU: each decoding moves it on by
+ * lb_settings.quic_decode_ns, it may run ahead of the real (coarse) clock by one window at
+ * most, and it is never behind it, so that a quiet moment saves a window's worth of decodings
+ * and no more. */
 static __always_inline int quic_budget_take(void)
 {
-	const __u64 each = 1000000000ULL / LB_QUIC_DECODES_PER_SEC, burst = each * LB_QUIC_DECODE_BURST;
-	__u64 now, *clock;
+	__u64 each = lb_settings.quic_decode_ns, now, *clock;
 	__u32 zero = 0;
 
-	if (lb_settings.quic_budget_off)
+	if (each == 0)
 		return 1;
 	clock = bpf_map_lookup_elem(&quic_budget, &zero);
 	if (!clock)
 		return 0;
-	now = bpf_ktime_get_coarse_ns() + burst; /* (shifted, so that now - burst is never below 0) */
-	if (*clock + burst < now)
-		*clock = now - burst;
-	if (*clock + each > now)
+	now = bpf_ktime_get_coarse_ns();
+	if (*clock < now)
+		*clock = now;
+	if (*clock + each > now + LB_QUIC_DECODE_WINDOW_NS)
 		return 0;
 	*clock += each;
 	return 1;
@@ -296,7 +296,7 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		return count(LB_QUIC_UNKNOWN_SERVER, 0);
 	/* A server of the pool: its ID is worth keeping decoded. */
 	if (cfg->encrypted && !known)
-		bpf_map_update_elem(&quic_cids, &s->decoded, s->key.sid, BPF_ANY);
+		bpf_map_update_elem(&quic_cids, &s->decoded, s->key.sid, BPF_NOEXIST);
 	be = bpf_map_lookup_elem(&backends, id);
 	if (!be || !(be->flags & LB_BACKEND_ALIVE))
 		return count(LB_QUIC_UNUSABLE, 0);
