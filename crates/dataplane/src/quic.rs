@@ -171,6 +171,29 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Makes every ID kept in quic_cids look half written, as a set two CPUs wrote at once may
+    /// (its key and check one ID's, its server ID changed): for the tests, which show such an ID
+    /// is decoded again rather than routed by what is kept. Returns how many IDs it changed.
+    pub fn tear_kept_quic_ids(&self) -> Result<usize> {
+        let m = &self.skel.maps.quic_cids;
+        let mut n = 0;
+        for i in 0..m.info()?.info.max_entries {
+            let k = i.to_ne_bytes();
+            let Some(v) = m.lookup(&k, MapFlags::ANY)? else { continue };
+            let mut set: types::lb_quic_set = value_of(&v);
+            let mut changed = false;
+            for way in set.way.iter_mut().filter(|w| w.id.gen != 0) {
+                way.sid[0] ^= 0xff;
+                changed = true;
+                n += 1;
+            }
+            if changed {
+                m.update(&k, bytes_of(&set), MapFlags::ANY)?;
+            }
+        }
+        Ok(n)
+    }
+
     /// The QUIC-LB server IDs the data plane holds, with the backend id of each, by service key
     /// (for the tests).
     pub fn quic_servers(&self) -> Result<Vec<(plan::RouteKey, Vec<u8>, u32)>> {
