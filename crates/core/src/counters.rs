@@ -86,7 +86,7 @@ pub const COUNTERS: [Counter; 39] = [
     c("LB_QUIC_UNKNOWN_SERVER", 34, Quic, "unknown_server", "a server ID no backend of the pool has"),
     c("LB_QUIC_UNUSABLE", 35, Quic, "unusable", "the server ID of a backend that is down (unhealthy or removed)"),
     c("LB_QUIC_NO_KEY", 36, Quic, "no_key", "encrypted, and the kernel's AES context is missing or failed"),
-    c("LB_QUIC_OVER_BUDGET", 37, Quic, "over_budget", "encrypted, not decoded before, and this CPU decoded all it may this second"),
+    c("LB_QUIC_OVER_BUDGET", 37, Quic, "over_budget", "encrypted, not kept decoded, and this CPU decoded all its budget allows"),
     c("LB_QUIC_DECODED", 38, QuicDecoded, "decoded", "an encrypted connection ID decoded by the cipher (not among those decoded before)"),
 ];
 

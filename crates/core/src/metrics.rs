@@ -218,7 +218,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
 /// QUIC-LB's outcomes, and the IDs its cipher decoded.
 fn encode_quic(encoder: &mut DescriptorEncoder, snap: &Snapshot) -> fmt::Result {
     let quic = snap.quic.iter().map(|(e, v)| (vec![("outcome", e.to_string())], ConstCounter::new(*v)));
-    family(encoder, "lb_quic_lb_packets", "Packets of QUIC-LB services: routed (by the server ID in their connection ID), or by the flow table and the table for a reason: client_id (Initial, 0-RTT), unroutable (0b111), other_config, short, unknown_server, unusable (backend down), no_key, over_budget (an ID not decoded before, past this CPU's decodings a second)", MetricType::Counter, quic)?;
+    family(encoder, "lb_quic_lb_packets", "Packets of QUIC-LB services: routed (by the server ID in their connection ID), or by the flow table and the table for a reason: client_id (Initial, 0-RTT), unroutable (0b111), other_config, short, unknown_server, unusable (backend down), no_key, over_budget (an ID not kept decoded, past this CPU's budget of decodings)", MetricType::Counter, quic)?;
     family(
         encoder,
         "lb_quic_lb_decoded_ids",

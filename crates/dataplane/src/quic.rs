@@ -49,21 +49,26 @@ impl Dataplane {
         for (rk, mut v, key) in wanted(pool) {
             let k = bytes_of(&service_key_of(&rk)).to_vec();
             let rekey = key.filter(|key| self.quic_keys.get(&rk) != Some(key));
-            if let Some(key) = &rekey {
-                self.set_quic_key(&rk, key)?;
-            }
             // A configuration decodes IDs as before while its key and lengths stay: it keeps its
-            // generation, and the IDs decoded under it (quic_cids). Otherwise it takes a new one.
+            // generation, and the IDs decoded under it (quic_cids). Otherwise it takes a new one
+            // (given before the key is made, so that nothing can fail between the two but the
+            // configuration's write).
             let old = written.get(&k);
             v.gen = match old {
                 Some(o) if rekey.is_none() && (o.sid_len, o.nonce_len, o.encrypted, o.rotation) == (v.sid_len, v.nonce_len, v.encrypted, v.rotation) => o.gen,
                 _ => self.next_quic_gen()?,
             };
+            let previous = self.quic_keys.get(&rk).copied();
+            if let Some(key) = &rekey {
+                self.set_quic_key(&rk, key)?;
+            }
             if old.map(bytes_of) != Some(bytes_of(&v)) {
                 if let Err(e) = self.skel.maps.quic_configs.update(&k, bytes_of(&v), MapFlags::ANY) {
-                    // The kernel has the new key, under a configuration that does not say so:
-                    // the next change makes the key again, with a new generation.
-                    self.quic_keys.remove(&rk);
+                    // The kernel has the new key under the old configuration and generation: the
+                    // old key goes back, or, failing that, the next change makes the key again.
+                    if rekey.is_some() && previous.is_none_or(|p| self.set_quic_key(&rk, &p).is_err()) {
+                        self.quic_keys.remove(&rk);
+                    }
                     return Err(e).context("writing a QUIC-LB configuration");
                 }
             }
@@ -126,7 +131,7 @@ impl Dataplane {
     }
 
     /// The generation to count on from for this plane's QUIC-LB configurations: past every one
-    /// its maps hold, and past them by a random step, so that a controller that adopts a plane
+    /// its maps hold, and past them by a random step (up to 2^24), so that a controller that adopts a plane
     /// does not give out again, by chance, what the one before gave to a configuration since
     /// deleted (whose IDs the old program, attached until the switch, may still hold decoded).
     pub(super) fn first_quic_gen(&self) -> Result<u32> {
@@ -137,14 +142,14 @@ impl Dataplane {
                 top = top.max(value_of::<types::lb_quic_config>(&v).gen);
             }
         }
-        let mut step = [0u8; 2];
+        let mut step = [0u8; 4];
         super::random_bytes(&mut step).context("getrandom for the QUIC-LB generations")?;
-        Ok(top.saturating_add(u16::from_ne_bytes(step) as u32))
+        Ok(top.saturating_add(u32::from_ne_bytes(step) >> 8))
     }
 
     /// A generation no configuration of this plane has had since it was loaded.
     fn next_quic_gen(&mut self) -> Result<u32> {
-        self.quic_gen = self.quic_gen.checked_add(1).context("QUIC-LB configuration generations ran out (restart lb to load the program afresh)")?;
+        self.quic_gen = self.quic_gen.checked_add(1).context("QUIC-LB configuration generations ran out (detach the data plane, lb detach, and attach again)")?;
         Ok(self.quic_gen)
     }
 
@@ -169,29 +174,6 @@ impl Dataplane {
         }
         self.quic_keys.insert(*rk, *key);
         Ok(())
-    }
-
-    /// Makes every ID kept in quic_cids look half written, as a set two CPUs wrote at once may
-    /// (its key and check one ID's, its server ID changed): for the tests, which show such an ID
-    /// is decoded again rather than routed by what is kept. Returns how many IDs it changed.
-    pub fn tear_kept_quic_ids(&self) -> Result<usize> {
-        let m = &self.skel.maps.quic_cids;
-        let mut n = 0;
-        for i in 0..m.info()?.info.max_entries {
-            let k = i.to_ne_bytes();
-            let Some(v) = m.lookup(&k, MapFlags::ANY)? else { continue };
-            let mut set: types::lb_quic_set = value_of(&v);
-            let mut changed = false;
-            for way in set.way.iter_mut().filter(|w| w.id.gen != 0) {
-                way.sid[0] ^= 0xff;
-                changed = true;
-                n += 1;
-            }
-            if changed {
-                m.update(&k, bytes_of(&set), MapFlags::ANY)?;
-            }
-        }
-        Ok(n)
     }
 
     /// The QUIC-LB server IDs the data plane holds, with the backend id of each, by service key

@@ -125,7 +125,7 @@ struct lb_quic_cid {
  * `lb attach --quic-decode-budget`, LB_QUIC_DECODES_PER_SEC by default), and at most a window's
  * worth of them at once after a quiet moment; past that, such a packet falls back to the table
  * (counted over_budget), so that a flood of made-up IDs cannot take the CPUs. A decoding costs
- * 0.4 to 1.5 us here (one to four AES blocks): the default bounds it to 2 to 8% of each CPU. */
+ * 0.8 to 1.7 us here (one to four AES blocks): the default bounds it to 4 to 9% of each CPU. */
 enum lb_quic_budget {
 	LB_QUIC_DECODES_PER_SEC = 50000,
 	LB_QUIC_DECODE_WINDOW_NS = 100000000,
@@ -406,8 +406,8 @@ enum lb_stat {
 	LB_QUIC_UNUSABLE,       /* the server ID of a backend that is down (unhealthy or removed) */
 	LB_QUIC_NO_KEY,         /* encrypted, and the kernel's AES context is missing or failed (or,
 				 * never expected, the service's parameters are missing) */
-	LB_QUIC_OVER_BUDGET,    /* encrypted, not decoded before, and this CPU has decoded all it may
-				 * this second (LB_QUIC_DECODES_PER_SEC) */
+	LB_QUIC_OVER_BUDGET,    /* encrypted, not kept decoded (quic_cids), and this CPU has decoded
+				 * all its budget allows (lb_config.quic_decode_ns) */
 	LB_QUIC_DECODED,        /* not an outcome (each of these is also counted above): an
 				 * encrypted ID decoded by the cipher, not found in quic_cids */
 	LB_STAT_MAX,

@@ -15,9 +15,10 @@
  * program quic_set_key below and kept in quic_aes: the key schedule is computed once, outside
  * the packet path, and the cipher is the kernel's own (here aes-fixed-time, constant-time).
  * An encrypted ID is decoded once: quic_cids (quic_map.h) keeps the server IDs of IDs decoded
- * before, so a connection's later packets pay a look in one set of it, not the cipher; and each CPU
- * decodes at most LB_QUIC_DECODES_PER_SEC IDs it has not seen, so that a flood of made-up IDs
- * falls back to the table (counted over_budget) instead of to the cipher. */
+ * before, so a connection's later packets pay a hash lookup, not the cipher; and each CPU
+ * decodes at most a budget of IDs a second that are not kept (lb.h, enum lb_quic_budget), so
+ * that a flood of made-up IDs falls back to the table (counted over_budget) instead of to the
+ * cipher. */
 #ifndef LB_QUIC_H
 #define LB_QUIC_H
 
@@ -28,7 +29,6 @@
 #include "maps.h"
 #include "parse.h"
 #include "quic_map.h"
-#include "flow_map.h"
 
 extern struct bpf_crypto_ctx *bpf_crypto_ctx_create(const struct bpf_crypto_params *params, __u32 params__sz,
 						    int *err) __ksym __weak;
@@ -207,67 +207,11 @@ static __always_inline int quic_budget_take(void)
 	now = bpf_ktime_get_coarse_ns();
 	if (*clock < now)
 		*clock = now;
-	if (*clock + each > now + LB_QUIC_DECODE_WINDOW_NS)
+	/* (A budget below ten a second, whose one decoding is worth more than the window, still
+	 * decodes one whenever the clock has caught up.) */
+	if (*clock > now && *clock + each > now + LB_QUIC_DECODE_WINDOW_NS)
 		return 0;
 	*clock += each;
-	return 1;
-}
-
-/* Whether two kept IDs' keys (generation and decoded octets) are the same. */
-static __always_inline int quic_same(const struct lb_quic_cid *a, const struct lb_quic_cid *b)
-{
-	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
-
-	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4]) | (x[5] ^ y[5])) == 0;
-}
-
-/* A hash of `n` words from `h`, for the two below. */
-static __always_inline __u64 quic_mix(__u64 h, const __u32 *w, __u32 n)
-{
-	__u32 i;
-
-	for (i = 0; i < n; i++)
-		h = (h ^ w[i]) * 0x9e3779b97f4a7c15ULL;
-	return h;
-}
-
-/* The set of quic_cids an ID (its key, `c`) is kept in: a hash of its six words, seeded with the
- * flow tags' secret (flow_map.h), so that no one can aim IDs at another's set to push it out. */
-static __always_inline __u32 quic_set_of(const struct lb_quic_cid *c, const struct lb_flow_key *k)
-{
-	return (quic_mix(k->k[0], (const __u32 *)c, 6) >> 40) & (LB_QUIC_SETS - 1);
-}
-
-/* The check of a kept ID: a hash of its key and server ID (ten words) under the other half of
- * the secret. A set written by two CPUs at once may hold one's key with the other's server ID;
- * its check then fails, but for one time in 2^32. */
-static __always_inline __u32 quic_check(const struct lb_quic_kept *e, const struct lb_flow_key *k)
-{
-	return quic_mix(k->k[1], (const __u32 *)e, 10) >> 32;
-}
-
-/* The server ID kept for the ID whose key is `c` in `set` (copied to `sid`): 1, or 0 when it is
- * not kept (or its way was met half written). Found in the second way, it moves to the first. */
-static __always_inline int quic_kept(struct lb_quic_set *set, const struct lb_quic_cid *c, const struct lb_flow_key *k,
-				     __u8 *sid)
-{
-	struct lb_quic_kept e;
-
-	if (quic_same(&set->way[0].id, c)) {
-		e = set->way[0];
-		if (quic_check(&e, k) != e.check || !quic_same(&e.id, c))
-			return 0;
-	} else if (quic_same(&set->way[1].id, c)) {
-		e = set->way[1];
-		if (quic_check(&e, k) != e.check || !quic_same(&e.id, c))
-			return 0;
-		/* Used again: first, so that the next new ID pushes the other out. */
-		set->way[1] = set->way[0];
-		set->way[0] = e;
-	} else {
-		return 0;
-	}
-	__builtin_memcpy(sid, e.sid, 16);
 	return 1;
 }
 
@@ -279,10 +223,8 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	const struct lb_quic_config *cfg;
-	const struct lb_flow_key *fk = NULL;
-	struct lb_quic_set *set = NULL;
+	const struct lb_quic_sid *known = NULL;
 	struct lb_quic_aes *aes = NULL;
-	__u32 set_at, known = 0;
 	struct lb_quic_scratch *s;
 	struct lb_backend *be;
 	__u32 zero = 0, l, i, *id, id_len = QUIC_MAX_CID; /* a short header's: the configuration's */
@@ -335,14 +277,10 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		s->decoded.gen = cfg->gen;
 		for (i = 0; i < 5; i++)
 			((__u32 *)s->decoded.cid)[i] = ((__u32 *)s->cid)[i] & cfg->cid_mask[i];
-		fk = bpf_map_lookup_elem(&flow_key, &zero);
-		if (fk) {
-			set_at = quic_set_of(&s->decoded, fk);
-			set = bpf_map_lookup_elem(&quic_cids, &set_at);
-		}
-		if (set && fk)
-			known = quic_kept(set, &s->decoded, fk, s->key.sid);
-		if (!known) {
+		known = bpf_map_lookup_elem(&quic_cids, &s->decoded);
+		if (known) {
+			__builtin_memcpy(s->key.sid, known->sid, 16);
+		} else {
 			if (!quic_budget_take())
 				return count(LB_QUIC_OVER_BUDGET, 0);
 			aes = bpf_map_lookup_elem(&quic_aes, svc);
@@ -360,16 +298,8 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 	if (!id)
 		return count(LB_QUIC_UNKNOWN_SERVER, 0);
 	/* A server of the pool: its ID is worth keeping decoded. */
-	if (cfg->encrypted && !known && set && fk) {
-		/* Made whole here, checked, then written: the check is of what this CPU wrote, so a
-		 * set another CPU writes at the same time fails it. */
-		__builtin_memcpy(&s->kept.id, &s->decoded, sizeof(s->decoded));
-		__builtin_memcpy(s->kept.sid, s->key.sid, 16);
-		s->kept.check = quic_check(&s->kept, fk);
-		s->kept.pad = 0;
-		set->way[1] = set->way[0];
-		set->way[0] = s->kept;
-	}
+	if (cfg->encrypted && !known)
+		bpf_map_update_elem(&quic_cids, &s->decoded, s->key.sid, BPF_NOEXIST);
 	be = bpf_map_lookup_elem(&backends, id);
 	if (!be || !(be->flags & LB_BACKEND_ALIVE))
 		return count(LB_QUIC_UNUSABLE, 0);
