@@ -244,6 +244,18 @@ mod tests {
     }
 
     #[test]
+    fn the_quic_decode_budget_is_a_count_and_zero_lifts_it() {
+        let (s, _, _) = settings(&[]).expect("valid");
+        assert_eq!(s.quic_decode_budget, DEFAULT_QUIC_DECODES);
+        assert_eq!(DEFAULT_QUIC_DECODES, 50_000);
+        let (s, _, _) = settings(&["--quic-decode-budget", "0"]).expect("valid");
+        assert_eq!(s.quic_decode_budget, 0);
+        for bad in ["-1", "4e9", "lots", "5000000000"] {
+            assert!(settings(&["--quic-decode-budget", bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn one_encap_source_per_family_and_tables_that_fit() {
         let (s, _, _) = settings(&["--encap-source", "10.1.0.0/24", "--encap-source", "fd00::1"]).expect("one per family");
         assert_eq!(s.encap_sources, vec![("10.1.0.0".parse().expect("v4"), 24), ("fd00::1".parse().expect("v6"), 128)]);
