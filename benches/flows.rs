@@ -22,6 +22,8 @@
 //! printed with the figures, and "x off" is a tracked row's cost over the floor divided by the
 //! untracked row's (the ratio: tracking's cost against none).
 
+mod common;
+use common::{median, Pass};
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
@@ -127,22 +129,6 @@ fn ns(d: Duration) -> f64 {
 
 /// Runs one packet: (XDP action, in-kernel time).
 type RunOne<'a> = dyn Fn(&[u8]) -> anyhow::Result<(u32, Duration)> + 'a;
-
-/// What one pass measured: mean ns per packet, and the shares of tracked hits (an entry looked
-/// up) and of packets sent by a stable slot's table without a lookup.
-struct Pass {
-    ns: f64,
-    hits: f64,
-    stable: f64,
-}
-
-/// The median time of several passes, with their mean shares.
-fn median(v: &[Pass]) -> Pass {
-    let mut t: Vec<f64> = v.iter().map(|p| p.ns).collect();
-    t.sort_by(|a, b| a.total_cmp(b));
-    let mean = |f: fn(&Pass) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
-    Pass { ns: t[t.len() / 2], hits: mean(|p| p.hits), stable: mean(|p| p.stable) }
-}
 
 /// Sends `packets` packets to `dport`: round-robin over the working set `set` (flow numbers,
 /// ACKs) from its `start`-th on, every `every`-th one instead a SYN of a never-seen flow

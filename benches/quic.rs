@@ -180,8 +180,7 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
     };
     // A flood of made-up IDs (random octets after the first, rotation 0), each new: 20 packets
     // for each flow of the working set (200,000 by default), so that the budget's burst is a
-    // small part of it; written into the working set's own frames, so that the test's frames
-    // take no more memory than the other rows'.
+    // small part of it; each packet's ID written into a frame of the flood's own working set.
     let flood = |dp: &Balancer, frames: &mut [Vec<u8>], seed: u64| -> anyhow::Result<f64> {
         let mut x = seed | 1;
         let mut total = 0.0;
@@ -201,7 +200,7 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
         }
         Ok(total / (20 * frames.len()) as f64)
     };
-    let mut flooding: Vec<Vec<u8>> = (0..w).map(|i| frame_of(446, i, &[0x05; 9])).collect();
+    let flooding: Vec<Vec<u8>> = (0..w).map(|i| frame_of(446, i, &[0x05; 9])).collect();
     let floor_of = |frames: &[Vec<u8>]| -> anyhow::Result<f64> { Ok(frames.iter().map(|f| run_floor(f)).sum::<anyhow::Result<f64>>()? / frames.len() as f64) };
     // Each ID decoded once before the steady rows (all at once: past the budget).
     dp.set_quic_decode_budget(0)?;
@@ -242,12 +241,8 @@ fn working_set(dp: &mut Balancer, key: &[u8; 16], quick: bool) -> anyhow::Result
         dp.set_quic_decode_budget(lb::dataplane::DEFAULT_QUIC_DECODES)?;
         // The budget as a CPU has it after a quiet second.
         std::thread::sleep(Duration::from_millis(if quick { 10 } else { 1000 }));
-        let mut frames = std::mem::take(&mut flooding);
-        one(dp, 6, &|dp| {
-            let mut f = frames.clone();
-            flood(dp, &mut f, fresh as u64)
-        })?;
-        flooding = std::mem::take(&mut frames);
+        // A copy, written over as the flood goes (`one` takes a closure that cannot change what it holds).
+        one(dp, 6, &|dp| flood(dp, &mut flooding.clone(), fresh as u64))?;
         one(dp, 7, &|dp| run(dp, &in_sight))?;
     }
     println!();

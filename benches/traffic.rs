@@ -16,6 +16,8 @@
 //! Needs root. `cargo bench --bench traffic [-- --tcp-flows W] [--udp-flows W] [--rounds R]`;
 //! under `cargo test --benches` a small smoke run.
 
+mod common;
+use common::{median, Pass};
 use std::time::{Duration, Instant};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -94,22 +96,6 @@ fn args() -> anyhow::Result<Args> {
         }
     }
     Ok(a)
-}
-
-/// One row's measurement in one round: mean ns per packet, and the shares of packets that the
-/// stable path sent by the table and that found their flow-table entry.
-#[derive(Clone, Copy, Default)]
-struct Pass {
-    ns: f64,
-    stable: f64,
-    hits: f64,
-}
-
-fn median(v: &[Pass]) -> Pass {
-    let mut t: Vec<f64> = v.iter().map(|p| p.ns).collect();
-    t.sort_by(|a, b| a.total_cmp(b));
-    let mean = |f: fn(&Pass) -> f64| v.iter().map(f).sum::<f64>() / v.len().max(1) as f64;
-    Pass { ns: t.get(t.len() / 2).copied().unwrap_or(0.0), stable: mean(|p| p.stable), hits: mean(|p| p.hits) }
 }
 
 type Run<'a> = dyn Fn(&[u8]) -> anyhow::Result<Duration> + 'a;

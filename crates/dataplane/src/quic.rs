@@ -40,12 +40,7 @@ impl Dataplane {
                 maps.quic_servers.delete(&k).context("forgetting a stale QUIC-LB server ID")?;
             }
         }
-        let maps = &self.skel.maps;
-        let written: HashMap<Vec<u8>, types::lb_quic_config> = maps
-            .quic_configs
-            .keys()
-            .filter_map(|k| Some((k.clone(), value_of(&maps.quic_configs.lookup(&k, MapFlags::ANY).ok()??))))
-            .collect();
+        let written = self.written_quic_configs()?;
         for (rk, mut v, key) in wanted(pool) {
             let k = bytes_of(&service_key_of(&rk)).to_vec();
             let rekey = key.filter(|key| self.quic_keys.get(&rk) != Some(key));
@@ -135,16 +130,22 @@ impl Dataplane {
     /// does not give out again, by chance, what the one before gave to a configuration since
     /// deleted (whose IDs the old program, attached until the switch, may still hold decoded).
     pub(super) fn first_quic_gen(&self) -> Result<u32> {
-        let maps = &self.skel.maps;
-        let mut top = 0u32;
-        for k in maps.quic_configs.keys() {
-            if let Some(v) = maps.quic_configs.lookup(&k, MapFlags::ANY)? {
-                top = top.max(value_of::<types::lb_quic_config>(&v).gen);
-            }
-        }
+        let top = self.written_quic_configs()?.values().map(|c| c.gen).max().unwrap_or(0);
         let mut step = [0u8; 4];
         super::random_bytes(&mut step).context("getrandom for the QUIC-LB generations")?;
         Ok(top.saturating_add(u32::from_ne_bytes(step) >> 8))
+    }
+
+    /// What quic_configs holds now, by service key.
+    fn written_quic_configs(&self) -> Result<HashMap<Vec<u8>, types::lb_quic_config>> {
+        let map = &self.skel.maps.quic_configs;
+        let mut out = HashMap::new();
+        for k in map.keys() {
+            if let Some(v) = map.lookup(&k, MapFlags::ANY)? {
+                out.insert(k, value_of(&v));
+            }
+        }
+        Ok(out)
     }
 
     /// A generation no configuration of this plane has had since it was loaded.
@@ -228,8 +229,5 @@ fn wanted(pool: &Pool) -> Vec<(plan::RouteKey, types::lb_quic_config, Option<[u8
 
 /// The key of each encrypted quic_lb service of `pool`.
 fn wanted_keys(pool: &Pool) -> HashMap<plan::RouteKey, [u8; 16]> {
-    pool.services
-        .iter()
-        .filter_map(|s| Some((plan::service_key(s), s.quic_lb.as_ref()?.key?)))
-        .collect()
+    wanted(pool).into_iter().filter_map(|(rk, _, key)| Some((rk, key?))).collect()
 }
