@@ -59,10 +59,8 @@ impl Dataplane {
             }
             if old.map(bytes_of) != Some(bytes_of(&v)) {
                 if let Err(e) = self.skel.maps.quic_configs.update(&k, bytes_of(&v), MapFlags::ANY) {
-                    // The kernel has the new key under the old configuration and generation: the
-                    // old key goes back, or, failing that, the next change makes the key again.
-                    if rekey.is_some() && previous.is_none_or(|p| self.set_quic_key(&rk, &p).is_err()) {
-                        self.quic_keys.remove(&rk);
+                    if rekey.is_some() {
+                        self.undo_quic_key(&rk, &k, previous, old.copied());
                     }
                     return Err(e).context("writing a QUIC-LB configuration");
                 }
@@ -82,8 +80,9 @@ impl Dataplane {
                 failed.push(format!("{what}: {e:#}"));
             }
         };
-        let configs = wanted_configs(pool);
-        let keys = wanted_keys(pool);
+        let wanted = wanted(pool);
+        let configs: HashMap<Vec<u8>, types::lb_quic_config> = wanted.iter().map(|(rk, c, _)| (bytes_of(&service_key_of(rk)).to_vec(), *c)).collect();
+        let keys: HashMap<plan::RouteKey, [u8; 16]> = wanted.iter().filter_map(|(rk, _, key)| Some((*rk, (*key)?))).collect();
         let mut servers: HashMap<Vec<u8>, u32> = HashMap::new();
         for s in pool.services.iter().filter(|s| s.quic_lb.is_some()) {
             let rk = plan::service_key(s);
@@ -148,6 +147,26 @@ impl Dataplane {
         Ok(out)
     }
 
+    /// After a configuration's write failed behind its new key: the kernel has decoded IDs with
+    /// the new key under the old configuration's generation, and may have kept them. The old key
+    /// goes back (or, failing that, the next change makes the key again), and the old
+    /// configuration is written again under a new generation, so that nothing kept meanwhile is
+    /// found; failing that too, the configuration goes (its packets go by the table, counted,
+    /// until a change writes it), rather than leave those IDs to be found.
+    fn undo_quic_key(&mut self, rk: &plan::RouteKey, k: &[u8], previous: Option<[u8; 16]>, old: Option<types::lb_quic_config>) {
+        if previous.is_none_or(|p| self.set_quic_key(rk, &p).is_err()) {
+            self.quic_keys.remove(rk);
+        }
+        let Some(mut o) = old else { return };
+        let again = self.next_quic_gen().and_then(|g| {
+            o.gen = g;
+            Ok(self.skel.maps.quic_configs.update(k, bytes_of(&o), MapFlags::ANY)?)
+        });
+        if again.is_err() {
+            let _ = self.skel.maps.quic_configs.delete(k);
+        }
+    }
+
     /// A generation no configuration of this plane has had since it was loaded.
     fn next_quic_gen(&mut self) -> Result<u32> {
         self.quic_gen = self.quic_gen.checked_add(1).context("QUIC-LB configuration generations ran out (detach the data plane, lb detach, and attach again)")?;
@@ -194,11 +213,6 @@ impl Dataplane {
     }
 }
 
-/// quic_configs' entries for `pool`: each quic_lb service's parameters, by service key.
-fn wanted_configs(pool: &Pool) -> HashMap<Vec<u8>, types::lb_quic_config> {
-    wanted(pool).into_iter().map(|(rk, c, _)| (bytes_of(&service_key_of(&rk)).to_vec(), c)).collect()
-}
-
 /// Each quic_lb service of `pool`: its key, its parameters (generation 0: quic_before gives
 /// it) and its AES key if it has one.
 fn wanted(pool: &Pool) -> Vec<(plan::RouteKey, types::lb_quic_config, Option<[u8; 16]>)> {
@@ -225,9 +239,4 @@ fn wanted(pool: &Pool) -> Vec<(plan::RouteKey, types::lb_quic_config, Option<[u8
         out.push((rk, config, q.key));
     }
     out
-}
-
-/// The key of each encrypted quic_lb service of `pool`.
-fn wanted_keys(pool: &Pool) -> HashMap<plan::RouteKey, [u8; 16]> {
-    wanted(pool).into_iter().filter_map(|(rk, _, key)| Some((rk, key?))).collect()
 }

@@ -59,8 +59,10 @@ struct {
 
 /* Encrypted IDs already decoded -> their server IDs (struct lb_quic_cid -> 16 octets, the
  * server ID padded with zeros), so that only the first packet of a connection, or of each of its
- * IDs, pays the cipher. Only IDs that named a server of the pool at the time are kept, so that
- * made-up IDs, which mostly name none, seldom push real ones out (docs/security.md). The server ID, not the backend, is kept:
+ * IDs, pays the cipher. Only IDs that named a server of the pool at the time are kept. An ID
+ * looked up again after it was kept (its connection's next packet) moves to the active list of
+ * the kernel's LRU, and IDs seen once, made-up ones among them, are pushed out first
+ * (docs/security.md). The server ID, not the backend, is kept:
  * quic_servers still decides which backend that is, at every packet, and a configuration's new
  * key or lengths give it a new generation, under which nothing is found. Least recently used
  * entries go first, from one list for all CPUs: lookups take no lock, inserts (first packets
