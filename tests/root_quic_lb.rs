@@ -418,6 +418,19 @@ fn root_an_encrypted_id_is_decoded_once_and_a_flood_of_new_ones_is_bounded() {
     assert_eq!(stat(&dp, lb_stat::LB_QUIC_UNKNOWN_SERVER), unknown + 1);
     let theirs = encode(&config, &[0x0e, 0x0e], &[1, 2, 3, 4, 5, 6]);
     assert_eq!(sent_to(&dp, &short_header(443, 40000, &theirs)), mac(target(443)));
+    // The server ID moves to the other backend (the table's, whose own ID goes): the kept ID
+    // follows it, by ID (routed, not decoded again), and comes back with it.
+    pool.services[0].backends[0].server_id = Some(vec![0x0f, 0x0f]);
+    pool.services[0].backends[1].server_id = Some(vec![0x0e, 0x0e]);
+    dp.apply(&pool).expect("apply");
+    let (routed, decoded_now) = (stat(&dp, lb_stat::LB_QUIC_ROUTED), stat(&dp, lb_stat::LB_QUIC_DECODED));
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &theirs)), mac(decoy(443)));
+    assert_eq!((stat(&dp, lb_stat::LB_QUIC_ROUTED), stat(&dp, lb_stat::LB_QUIC_DECODED)), (routed + 1, decoded_now), "routed by the kept ID");
+    pool.services[0].backends[0].server_id = Some(vec![0x0e, 0x0e]);
+    pool.services[0].backends[1].server_id = Some(vec![0x0c, 0x0d]);
+    dp.apply(&pool).expect("apply");
+    assert_eq!(sent_to(&dp, &short_header(443, 40000, &theirs)), mac(target(443)));
+    assert_eq!(stat(&dp, lb_stat::LB_QUIC_DECODED), decoded_now, "still the kept ID");
 
     // On one CPU (the first this test may use), so that one budget is spent; as it was after.
     let me = nix::unistd::Pid::from_raw(0);
