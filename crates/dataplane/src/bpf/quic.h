@@ -281,10 +281,13 @@ __noinline __u32 quic_route(struct xdp_md *ctx, const struct lb_service_key *svc
 		if (known) {
 			__builtin_memcpy(s->key.sid, known->sid, 16);
 		} else {
+			/* No key: nothing to spend the budget on. */
+			aes = bpf_map_lookup_elem(&quic_aes, svc);
+			if (!aes)
+				return count(LB_QUIC_NO_KEY, 0);
 			if (!quic_budget_take())
 				return count(LB_QUIC_OVER_BUDGET, 0);
-			aes = bpf_map_lookup_elem(&quic_aes, svc);
-			if (!aes || quic_decrypt(aes, s, cfg))
+			if (quic_decrypt(aes, s, cfg))
 				return count(LB_QUIC_NO_KEY, 0);
 			count(LB_QUIC_DECODED, 0);
 		}
