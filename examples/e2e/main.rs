@@ -574,10 +574,12 @@ fn one_flow(vip: IpAddr, port: u16, udp: bool, src: IpAddr, sport: u16, timeout:
         return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string());
     }
     let mut stream = connect_timeout(bound(src, sport, nix::sys::socket::SockType::Stream)?, to, timeout)?;
+    // Closed with a reset whatever happens next, so that no TIME_WAIT or FIN_WAIT keeps this
+    // 4-tuple from being used again (by the retry below, or a later round): set before the
+    // reply is read, since a failed read drops the stream too.
+    setsockopt(&stream, sockopt::Linger, &nix::libc::linger { l_onoff: 1, l_linger: 0 })?;
     // A TCP connection to the VIP only completes if the replies come from the VIP.
     let name = read_name(&mut stream)?;
-    // Close with a reset, so that no TIME_WAIT keeps this 4-tuple from being replayed.
-    setsockopt(&stream, sockopt::Linger, &nix::libc::linger { l_onoff: 1, l_linger: 0 })?;
     let _ = stream.shutdown(Shutdown::Both);
     Ok(name)
 }
@@ -595,7 +597,8 @@ fn probe(vip: IpAddr, port: u16, udp: bool, sources: &[IpAddr], first: u16, coun
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(src, sport)) = flows.get(i) else { return };
                 // One retry: a SYN can meet a backend whose neighbour entry is being refreshed.
-                let r = one_flow(vip, port, udp, src, sport, timeout).or_else(|_| one_flow(vip, port, udp, src, sport, timeout));
+                let r = one_flow(vip, port, udp, src, sport, timeout)
+                    .or_else(|first| one_flow(vip, port, udp, src, sport, timeout).map_err(|again| anyhow::anyhow!("{first:#}; again: {again:#}")));
                 let line = match r {
                     Ok(name) => format!("{src} {sport} {name}"),
                     Err(e) => format!("{src} {sport} FAIL {}", e.to_string().replace(' ', "_")),
