@@ -37,7 +37,7 @@ V=${V:-0}
 E2E_CAPACITY=${E2E_CAPACITY:-$((100 * $(nproc)))}
 
 # The shared helpers first, then a file per feature.
-for part in lib basic reload lifecycle health conntrack encap pin metrics dashboard fleet second_chance store load quic package; do
+for part in lib basic reload lifecycle health health_path conntrack encap pin metrics dashboard fleet second_chance store load quic package; do
     # shellcheck source=/dev/null # each is checked on its own
     source "scripts/e2e/$part.sh"
 done
@@ -86,6 +86,10 @@ TESTS=(
     "test_conntrack_keeps_established_connections_through_pool_changes native"
     "test_encap_reload_moves_l2_to_ipip_under_traffic native"
     "test_health_a_stopped_backend_leaves_and_comes_back native"
+    "test_health_through_the_vip_catches_what_plain_probes_miss native gue"
+    "test_health_through_the_vip_catches_what_plain_probes_miss generic gue"
+    "test_health_through_the_vip_catches_what_plain_probes_miss native l2"
+    "test_health_through_the_vip_catches_what_plain_probes_miss generic l2"
     "test_health_a_flapping_backend_does_not_churn_the_table native"
     "test_encap_tracked_connections_survive_a_reweight native"
     "test_long_lived_connections_survive_a_reload native"

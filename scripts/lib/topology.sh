@@ -159,6 +159,23 @@ topo_wire() {
     ip -n "$3" link set "$4" up
 }
 
+# topo_routed_decap PREFIX I MODE: routed backend I as scripts/backend-setup.sh prepares one:
+# VIPs on lo, ARP and reverse-path settings, then `lb decap eth0` in the foreground (here in the
+# background, its log in /tmp/PREFIX-bI.decap.log), trusting only the load balancer's
+# encapsulation sources. TOPO_DECAP_ALLOW and TOPO_DECAP_ARGS change both (the second-chance
+# topology's backends also trust each other and pass --second-chance). Run again to restart a
+# stopped decap.
+topo_routed_decap() { # PREFIX I MODE
+    local p=$1 i=$2 mode=$3 ns="$1-b$2" allow=() s
+    for s in ${TOPO_DECAP_ALLOW:-$TOPO_RLB_SOURCES}; do allow+=(--allow-from "$s"); done
+    # shellcheck disable=SC2086 # TOPO_DECAP_ARGS is a list of flags
+    LB="$TOPO_LB" ip netns exec "$ns" scripts/backend-setup.sh --vip "$TOPO_VIP4" --vip "$TOPO_VIP6" --iface eth0 lb \
+        "${allow[@]}" --xdp-mode "$mode" ${TOPO_DECAP_ARGS:-} >"/tmp/$p-b$i.decap.log" 2>&1 &
+    disown $!
+    echo $! >>"/tmp/$p.pids"
+    echo $! >"/tmp/$p-b$i.decap.pid"
+}
+
 topo_routed_backend() { # PREFIX I MODE
     local p=$1 i=$2 mode=$3 ns="$1-b$2"
     ip netns add "$ns"
@@ -170,18 +187,7 @@ topo_routed_backend() { # PREFIX I MODE
     ip -n "$ns" addr add "fd97:$i::2/64" dev eth0 nodad
     ip -n "$ns" route add default via "10.97.$i.1"
     ip -n "$ns" -6 route add default via "fd97:$i::1"
-    # The backend as scripts/backend-setup.sh prepares one: VIPs on lo, ARP and reverse-path
-    # settings, then `lb decap eth0` in the foreground (here in the background), trusting only
-    # the load balancer's encapsulation sources.
-    # TOPO_DECAP_ALLOW and TOPO_DECAP_ARGS change both (the second-chance topology's backends
-    # also trust each other and pass --second-chance).
-    local allow=() s
-    for s in ${TOPO_DECAP_ALLOW:-$TOPO_RLB_SOURCES}; do allow+=(--allow-from "$s"); done
-    # shellcheck disable=SC2086 # TOPO_DECAP_ARGS is a list of flags
-    LB="$TOPO_LB" ip netns exec "$ns" scripts/backend-setup.sh --vip "$TOPO_VIP4" --vip "$TOPO_VIP6" --iface eth0 lb \
-        "${allow[@]}" --xdp-mode "$mode" ${TOPO_DECAP_ARGS:-} >"/tmp/$p-b$i.decap.log" 2>&1 &
-    disown $!
-    echo $! >>"/tmp/$p.pids"
+    topo_routed_decap "$p" "$i" "$mode"
     # The server binds UDP to the VIPs: wait until the script has added them.
     for _ in $(seq 1 50); do
         ip -n "$ns" addr show dev lo | grep -q "$TOPO_VIP6" && break

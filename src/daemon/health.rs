@@ -11,13 +11,24 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use lb::config::Pool;
+use lb::balancer::Balancer;
+use lb::config::{Backend, HealthCheck, Pool, ProbeVia, Service};
 use lb::health::{self, HealthMap, Outcome, ProbeRecord, Transition};
 use lb::stats::Snapshot;
+use lb_dataplane::link::Interface;
+use lb_dataplane::probe_path::{self, ProbePath};
+use std::net::IpAddr;
 
 use super::describe::{backend_label, label_of};
-use super::probe::{probe, Failure, Key, Prober};
+use super::probe::{probe, Failure, Key, Prober, Target};
 use crate::log::log;
+
+fn link_local(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
 
 /// Health probes running at once, at most.
 const PROBE_WORKERS: usize = 16;
@@ -33,6 +44,9 @@ pub(super) struct HealthChecks {
     failing_open: Vec<String>,
     /// Backends that came back up since the last [`HealthChecks::take_recovered`].
     recovered: Vec<Key>,
+    /// The way out of probes through the VIP, set up when a check first asks for it (None:
+    /// none has), or why it could not be.
+    path: Option<Result<ProbePath, String>>,
 }
 
 impl AsFd for HealthChecks {
@@ -52,6 +66,7 @@ impl HealthChecks {
             probes_due: Some(Instant::now()),
             failing_open: Vec::new(),
             recovered: Vec::new(),
+            path: None,
         })
     }
 
@@ -61,15 +76,70 @@ impl HealthChecks {
 
     /// Queues the probes that are due, scanning every checked backend only when one is (not on
     /// every wake-up of the loop); returns when the next one is.
-    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool) -> Option<Instant> {
+    /// `dp` and `ifc`: where probes through the VIP leave, and the backends' ids they carry.
+    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> Option<Instant> {
         if self.probes_due.is_some_and(|due| now >= due) {
-            self.probes_due = self.submit_due(now, pool);
+            self.open_path(pool, dp, ifc);
+            self.probes_due = self.submit_due(now, pool, dp, ifc);
         }
         self.probes_due
     }
 
+    /// Sets up the way out of probes through the VIP the first time a check asks for it.
+    fn open_path(&mut self, pool: &Pool, dp: &Balancer, ifc: &Interface) {
+        let wanted = pool.services.iter().any(|s| s.health_check.as_ref().is_some_and(|c| c.via == ProbeVia::Vip));
+        if !wanted || self.path.is_some() {
+            return;
+        }
+        let path = dp.open_probe_path(ifc.ifindex, &ifc.name, ifc.mac).map_err(|e| format!("{e:#}"));
+        match &path {
+            Ok(p) => {
+                let rule = format!("fwmark 0x{:x}/0xffff0000 oif {} lookup {}", probe_path::mark(0), ifc.name, probe_path::table(ifc.ifindex));
+                log(format!("health: probes through the VIP leave {} by its egress program and the rule `{rule}`", ifc.name));
+                for m in &p.missing {
+                    log(format!("health: {m}; probes of that family through the VIP fail"));
+                }
+                for w in &p.warnings {
+                    log(format!("health: {w}"));
+                }
+            }
+            Err(e) => log(format!("health: probes through the VIP cannot be sent ({e}); each of them fails")),
+        }
+        self.path = Some(path);
+    }
+
+    /// Where the probe of backend `b` of `s` goes, or why it cannot be sent.
+    fn target(&self, pool: &Pool, s: &Service, b: &Backend, check: &HealthCheck, dp: &Balancer, ifc: &Interface) -> Result<Target, Failure> {
+        if check.via == ProbeVia::Backend {
+            return Ok(Target::Backend(SocketAddr::new(b.address, check.port)));
+        }
+        let fail = |why: String| Failure::new(Outcome::Error, format!("through the VIP: {why}"));
+        let ifname = match &self.path {
+            Some(Ok(p)) => p.ifname().to_string(),
+            Some(Err(e)) => return Err(fail(e.clone())),
+            None => return Err(fail("no way out was set up".into())),
+        };
+        let identity = b.identity();
+        let id = dp
+            .installed()
+            .iter()
+            .find(|l| l.name == s.name)
+            .and_then(|l| l.backends.iter().find(|lb| lb.identity == identity))
+            .map(|lb| lb.id)
+            .ok_or_else(|| fail("the backend is not installed yet".into()))?;
+        // The interface's own address, which the backend answers: not a VIP (one that the host
+        // holds there), not link-local.
+        let source = ifc
+            .addresses
+            .iter()
+            .find(|a| a.is_ipv4() == s.vip.is_ipv4() && !pool.services.iter().any(|o| o.vip == **a) && !link_local(a))
+            .copied()
+            .ok_or_else(|| fail(format!("{} has no address of the VIP's family to send from", ifc.name)))?;
+        Ok(Target::Vip { addr: SocketAddr::new(s.vip, s.port), source, mark: probe_path::mark(id), ifname })
+    }
+
     /// Queues the probes that are due; returns when the next one is.
-    fn submit_due(&mut self, now: Instant, pool: &Pool) -> Option<Instant> {
+    fn submit_due(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         for s in &pool.services {
             let Some(check) = &s.health_check else { continue };
@@ -77,8 +147,8 @@ impl HealthChecks {
                 let key = (s.name.clone(), b.identity());
                 let due = *self.next_probe.entry(key.clone()).or_insert(now);
                 let due = if due <= now {
-                    let (addr, c) = (SocketAddr::new(b.address, check.port), check.clone());
-                    let _ = self.prober.submit(key.clone(), move || probe(addr, &c));
+                    let (target, c) = (self.target(pool, s, b, check, dp, ifc), check.clone());
+                    let _ = self.prober.submit(key.clone(), move || target.and_then(|t| probe(&t, &c)));
                     let again = now + check.interval;
                     self.next_probe.insert(key, again);
                     again

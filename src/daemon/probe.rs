@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -101,7 +101,7 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    fn new(outcome: Outcome, reason: impl Into<String>) -> Failure {
+    pub(super) fn new(outcome: Outcome, reason: impl Into<String>) -> Failure {
         Failure { outcome, reason: reason.into() }
     }
 }
@@ -127,6 +127,58 @@ fn describe(e: std::io::Error) -> Failure {
 pub(super) fn connect(addr: SocketAddr, timeout: Duration) -> Result<(TcpStream, Instant), Failure> {
     let deadline = Instant::now() + timeout;
     Ok((TcpStream::connect_timeout(&addr, timeout).map_err(describe)?, deadline))
+}
+
+/// Where a health probe connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Target {
+    /// The backend's own address and the check's port.
+    Backend(SocketAddr),
+    /// The service's VIP and port, from a socket bound to the attached interface `ifname` and
+    /// marked for backend `mark` (lb_dataplane::probe_path): the data plane sends it to that
+    /// backend the way the service forwards.
+    Vip { addr: SocketAddr, source: IpAddr, mark: u32, ifname: String },
+}
+
+impl Target {
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Target::Backend(a) | Target::Vip { addr: a, .. } => *a,
+        }
+    }
+}
+
+/// [`connect`], from a socket marked `mark` and bound to `ifname` and its address `source`.
+fn connect_marked(addr: SocketAddr, source: IpAddr, mark: u32, ifname: &str, timeout: Duration) -> Result<(TcpStream, Instant), Failure> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    let deadline = Instant::now() + timeout;
+    let os = |e: nix::errno::Errno| describe(std::io::Error::from(e));
+    let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None).map_err(os)?;
+    socket::setsockopt(&fd, sockopt::Mark, &mark).map_err(os)?;
+    socket::setsockopt(&fd, sockopt::BindToDevice, &std::ffi::OsString::from(ifname)).map_err(os)?;
+    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(SocketAddr::new(source, 0))).map_err(os)?;
+    match socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr)) {
+        Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => {}
+        Err(e) => return Err(os(e)),
+    }
+    loop {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, PollTimeout::try_from(left(deadline)).unwrap_or(PollTimeout::MAX)) {
+            Ok(0) => return Err(Failure::new(Outcome::Timeout, "timeout")),
+            Ok(_) => break,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(os(e)),
+        }
+    }
+    match socket::getsockopt(&fd, sockopt::SocketError).map_err(os)? {
+        0 => {}
+        code => return Err(describe(std::io::Error::from_raw_os_error(code))),
+    }
+    let stream = TcpStream::from(fd);
+    stream.set_nonblocking(false).map_err(describe)?;
+    Ok((stream, deadline))
 }
 
 fn left(deadline: Instant) -> Duration {
@@ -173,9 +225,22 @@ pub(super) fn status_code(head: &[u8]) -> Result<u16, Failure> {
         .ok_or_else(|| Failure::new(Outcome::Error, "no HTTP status line in the answer"))
 }
 
-/// One probe, bounded by the check's timeout in all.
-pub(super) fn probe(addr: SocketAddr, check: &HealthCheck) -> Result<(), Failure> {
-    let (mut stream, deadline) = connect(addr, check.timeout)?;
+/// One probe, bounded by the check's timeout in all; one through the VIP says so in its
+/// failure's words.
+pub(super) fn probe(target: &Target, check: &HealthCheck) -> Result<(), Failure> {
+    let r = probe_once(target, check);
+    match (target, r) {
+        (Target::Vip { .. }, Err(f)) => Err(Failure { reason: format!("through the VIP: {}", f.reason), ..f }),
+        (_, r) => r,
+    }
+}
+
+fn probe_once(target: &Target, check: &HealthCheck) -> Result<(), Failure> {
+    let addr = target.addr();
+    let (mut stream, deadline) = match target {
+        Target::Backend(a) => connect(*a, check.timeout)?,
+        Target::Vip { addr, source, mark, ifname } => connect_marked(*addr, *source, *mark, ifname, check.timeout)?,
+    };
     if check.kind == CheckKind::Tcp {
         return Ok(());
     }
@@ -205,6 +270,7 @@ mod tests {
             timeout: Duration::from_millis(300),
             rise: 2,
             fall: 3,
+            via: lb::config::ProbeVia::Backend,
         }
     }
 
@@ -243,28 +309,28 @@ mod tests {
     fn tcp_probes_tell_open_from_refused() {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let open = l.local_addr().expect("addr");
-        assert_eq!(probe(open, &check(CheckKind::Tcp, (200, 399))), Ok(()));
+        assert_eq!(probe(&Target::Backend(open), &check(CheckKind::Tcp, (200, 399))), Ok(()));
         drop(l);
-        let refused = probe(open, &check(CheckKind::Tcp, (200, 399)));
+        let refused = probe(&Target::Backend(open), &check(CheckKind::Tcp, (200, 399)));
         assert_eq!(refused, failed(Outcome::Refused, "connection refused"));
         assert_eq!(refused.map_err(String::from), Err("connection refused".to_string()), "the log's words are the same as before");
-        assert_eq!(probe(open, &check(CheckKind::Http, (200, 399))), failed(Outcome::Refused, "connection refused"));
+        assert_eq!(probe(&Target::Backend(open), &check(CheckKind::Http, (200, 399))), failed(Outcome::Refused, "connection refused"));
     }
 
     #[test]
     fn http_probes_honour_the_status_range() {
         let (addr, h) = http_once("204 No Content");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), Ok(()));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), Ok(()));
         let request = h.join().expect("server");
         assert!(request.starts_with("GET /healthz HTTP/1.0\r\n"), "{request}");
         let (addr, _) = http_once("503 Service Unavailable");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::BadStatus, "HTTP 503"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), failed(Outcome::BadStatus, "HTTP 503"));
         let (addr, _) = http_once("500 Internal Server Error");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::BadStatus, "HTTP 500"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), failed(Outcome::BadStatus, "HTTP 500"));
         let (addr, _) = http_once("302 Found");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 299))), failed(Outcome::BadStatus, "HTTP 302"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 299))), failed(Outcome::BadStatus, "HTTP 302"));
         let (addr, _) = http_once("503 Service Unavailable");
-        assert_eq!(probe(addr, &check(CheckKind::Http, (500, 503))), Ok(()), "the range is the operator's");
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (500, 503))), Ok(()), "the range is the operator's");
     }
 
     #[test]
@@ -273,7 +339,7 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         // Accepts (the kernel does, from the backlog) but never answers.
         let started = Instant::now();
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Timeout, "timeout"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), failed(Outcome::Timeout, "timeout"));
         assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
         drop(l);
     }
@@ -290,7 +356,7 @@ mod tests {
             }
         });
         let started = Instant::now();
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Timeout, "timeout"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), failed(Outcome::Timeout, "timeout"));
         assert!(started.elapsed() < Duration::from_millis(900), "{:?}", started.elapsed());
     }
 
@@ -301,12 +367,12 @@ mod tests {
             let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2\r\n");
             std::thread::sleep(Duration::from_millis(200));
         });
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Error, "no HTTP status line in the answer"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), failed(Outcome::Error, "no HTTP status line in the answer"));
         // Closed before a word (after reading the request: unread bytes would make it a reset).
         let addr = serve_once(|mut s| {
             let _ = s.read(&mut [0u8; 1024]);
         });
-        assert_eq!(probe(addr, &check(CheckKind::Http, (200, 399))), failed(Outcome::Error, "no HTTP status line in the answer"));
+        assert_eq!(probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399))), failed(Outcome::Error, "no HTTP status line in the answer"));
         // Reset after the connection was made: a close with a zero linger sends RST.
         let addr = serve_once(|s| {
             let off = libc::linger { l_onoff: 1, l_linger: 0 };
@@ -314,7 +380,7 @@ mod tests {
             // Once the request is in, so that the reset answers the read, not the write.
             std::thread::sleep(Duration::from_millis(50));
         });
-        let r = probe(addr, &check(CheckKind::Http, (200, 399)));
+        let r = probe(&Target::Backend(addr), &check(CheckKind::Http, (200, 399)));
         assert_eq!(r.as_ref().map_err(|f| f.outcome), Err(Outcome::Error), "{r:?}");
         // "connection reset by peer", or "broken pipe" on a machine slow enough to send late.
         assert!(r.as_ref().is_err_and(|f| f.reason.contains("reset") || f.reason.contains("broken pipe")), "{r:?}");
@@ -327,11 +393,11 @@ mod tests {
         let mut p = Prober::new(2).expect("prober");
         for i in 0..3 {
             let c = check(CheckKind::Tcp, (200, 399));
-            assert!(p.submit(("web".into(), format!("b{i}")), move || probe(addr, &c)));
+            assert!(p.submit(("web".into(), format!("b{i}")), move || probe(&Target::Backend(addr), &c)));
         }
         // A second job for a backend still in flight is not queued.
         let c = check(CheckKind::Tcp, (200, 399));
-        assert!(!p.submit(("web".into(), "b0".into()), move || probe(addr, &c)));
+        assert!(!p.submit(("web".into(), "b0".into()), move || probe(&Target::Backend(addr), &c)));
         let mut got = Vec::new();
         let end = Instant::now() + Duration::from_secs(5);
         while got.len() < 3 && Instant::now() < end {

@@ -18,6 +18,7 @@ pub mod live;
 pub mod identity;
 pub mod netlink;
 pub mod pin;
+pub mod probe_path;
 mod quic;
 mod reuse;
 pub mod slot_marks;
@@ -284,6 +285,13 @@ impl Dataplane {
 
     pub fn program_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.skel.progs.lb_xdp.as_fd()
+    }
+
+    /// Sends health probes through the data path out of interface `ifindex` (bpf/probe.h,
+    /// [`probe_path`]).
+    pub fn open_probe_path(&self, ifindex: u32, ifname: &str, mac: [u8; 6]) -> Result<probe_path::ProbePath> {
+        self.skel.maps.probe_out.update(&0u32.to_ne_bytes(), &ifindex.to_ne_bytes(), libbpf_rs::MapFlags::ANY).context("writing probe_out")?;
+        probe_path::ProbePath::open(self.skel.progs.lb_probe_out.as_fd(), ifindex, ifname, mac)
     }
 
     pub fn program_id(&self) -> Result<u32> {

@@ -19,12 +19,12 @@ use nix::sys::socket::{bind, recv, send, socket, AddressFamily, MsgFlags, Netlin
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_REPLACE: u16 = 0x100;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_REPLACE: u16 = 0x100;
+pub(crate) const NLM_F_EXCL: u16 = 0x200;
+pub(crate) const NLM_F_CREATE: u16 = 0x400;
 
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
@@ -44,28 +44,28 @@ const RTM_NEWLINK: u16 = 16;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
-const RTM_NEWROUTE: u16 = 24;
+pub(crate) const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
-const RTM_NEWNEIGH: u16 = 28;
-const RTM_DELNEIGH: u16 = 29;
+pub(crate) const RTM_NEWNEIGH: u16 = 28;
+pub(crate) const RTM_DELNEIGH: u16 = 29;
 const RTM_GETNEIGH: u16 = 30;
 
 const RTA_DST: u16 = 1;
-const RTA_OIF: u16 = 4;
-const RTA_GATEWAY: u16 = 5;
+pub(crate) const RTA_OIF: u16 = 4;
+pub(crate) const RTA_GATEWAY: u16 = 5;
 const RTA_VIA: u16 = 18;
-const NDA_DST: u16 = 1;
-const NDA_LLADDR: u16 = 2;
+pub(crate) const NDA_DST: u16 = 1;
+pub(crate) const NDA_LLADDR: u16 = 2;
 
 /// The multicast group of neighbour-table changes (1 << (RTNLGRP_NEIGH - 1)).
 const RTMGRP_NEIGH: u32 = 4;
 /// The multicast groups of IPv4 and IPv6 routing-table changes.
 const RTMGRP_IPV4_ROUTE: u32 = 0x40;
 const RTMGRP_IPV6_ROUTE: u32 = 0x400;
-const RTM_DELROUTE: u16 = 25;
+pub(crate) const RTM_DELROUTE: u16 = 25;
 
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
+pub(crate) const AF_INET: u8 = 2;
+pub(crate) const AF_INET6: u8 = 10;
 
 /// Route types (rtm_type).
 pub const RTN_UNICAST: u8 = 1;
@@ -284,7 +284,7 @@ impl Socket {
     }
 
     /// Sends one request and feeds every reply message to `each` until the kernel is done.
-    fn request(&mut self, ty: u16, flags: u16, body: &[u8], mut each: impl FnMut(u16, &[u8])) -> io::Result<()> {
+    pub(crate) fn request(&mut self, ty: u16, flags: u16, body: &[u8], mut each: impl FnMut(u16, &[u8])) -> io::Result<()> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
@@ -363,7 +363,7 @@ fn parse_addr(ty: u16, payload: &[u8]) -> Option<(u32, IpAddr, Option<u8>)> {
     Some((index, local.or(address)?, proto))
 }
 
-fn family_bytes(addr: IpAddr) -> (u8, Vec<u8>) {
+pub(crate) fn family_bytes(addr: IpAddr) -> (u8, Vec<u8>) {
     match addr {
         IpAddr::V4(a) => (AF_INET, a.octets().to_vec()),
         IpAddr::V6(a) => (AF_INET6, a.octets().to_vec()),
@@ -382,7 +382,7 @@ const fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
-fn push_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
+pub(crate) fn push_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
     buf.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
     buf.extend_from_slice(data);

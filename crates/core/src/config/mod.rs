@@ -267,6 +267,27 @@ pub struct HealthCheck {
     pub rise: u32,
     /// Consecutive failures that make a healthy backend unhealthy.
     pub fall: u32,
+    /// Where the probe goes: the backend's own address, or the VIP by the service's forwarding.
+    pub via: ProbeVia,
+}
+
+/// `via:` of a health check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeVia {
+    /// To the backend's own address and the check's port (the default).
+    Backend,
+    /// To the service's VIP and port, sent to the backend as the service forwards a client's
+    /// packet (L2, IPIP or GUE) and answered from the VIP: the path real connections take.
+    Vip,
+}
+
+impl ProbeVia {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeVia::Backend => "backend",
+            ProbeVia::Vip => "vip",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

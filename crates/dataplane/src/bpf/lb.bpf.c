@@ -14,7 +14,7 @@
  * This file holds the entry and the per-family handlers; each step lives in the header of its
  * concern: parse.h (headers and ports), route.h (service, slot, backend, send), hash.h (the flow
  * hash), frag.h (fragments), flow.h (the flow tables), conntrack.h (connection tracking's
- * policy), quic.h (QUIC-LB connection-ID routing), encap.h (IPIP/GUE), icmp.h ("too big"
+ * policy), quic.h (QUIC-LB connection-ID routing), probe.h (health probes through the data path), encap.h (IPIP/GUE), icmp.h ("too big"
  * answers), csum.h, and maps.h (the maps and counters); a concern's own maps are in its
  * *_map.h. Each header includes what it uses (crates/dataplane/tests/headers.rs compiles each
  * alone), so the order below is only for the reader. */
@@ -34,6 +34,7 @@
 #include "quic.h"
 #include "flow.h"
 #include "conntrack.h"
+#include "probe.h"
 
 /* ICMPv4 destination unreachable (any code) addressed to a VIP, quoting a packet that the VIP
  * sent to a client (a backend's reply): routed to that flow's backend. Anything else is passed. */

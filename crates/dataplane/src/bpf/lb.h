@@ -269,6 +269,13 @@ struct lb_gue_hops {
 
 /* Value of the backends array, indexed by backend id. Id 0 is never used: an empty slot holds 0.
  * 8 bytes, so the kernel copies it with one store and a MAC change cannot be seen half-done. */
+/* The socket mark of lb's health probes through the data path (probe.h): LB_PROBE_MARK in the
+ * upper half, the backend id in the lower. */
+enum lb_probe_mark {
+	LB_PROBE_MARK = 0x4c420000,
+	LB_PROBE_MARK_MASK = 0xffff0000,
+};
+
 struct lb_backend {
 	__u8 mac[6];
 	__u8 flags; /* LB_BACKEND_* */

@@ -152,6 +152,7 @@ const volatile enum lb_forward lb_forward_btf = LB_FWD_L2;
 const volatile enum lb_gue_hops_layout lb_gue_hops_layout_btf = LB_GUE_HOPS_V4;
 const volatile enum lb_slot_bits lb_slot_bits_btf = LB_SLOT_UNSTABLE;
 const volatile enum lb_quic_budget lb_quic_budget_btf = LB_QUIC_DECODES_PER_SEC;
+const volatile enum lb_probe_mark lb_probe_mark_btf = LB_PROBE_MARK;
 
 static __always_inline int count(__u32 stat, int action)
 {

@@ -3,13 +3,13 @@
 
 use super::{FieldPath, Validator};
 use crate::config::yaml::Node;
-use crate::config::{CheckKind, ConfigError, HealthCheck, Protocol};
+use crate::config::{CheckKind, ConfigError, HealthCheck, ProbeVia, Protocol};
 
 impl Validator<'_> {
     /// `port` and `protocol` are the service's: the port probed by default, and UDP services
     /// must name a TCP port to probe.
     pub(super) fn health_check(&self, node: &Node, at: &FieldPath, port: u16, protocol: Protocol) -> Result<Option<HealthCheck>, ConfigError> {
-        let f = self.mapping(node, at, &["kind", "port", "path", "expect", "interval", "timeout", "rise", "fall"])?;
+        let f = self.mapping(node, at, &["kind", "port", "path", "expect", "interval", "timeout", "rise", "fall", "via"])?;
         let kind = match self.choice(self.required(f, at, "kind")?, &at.key("kind"), &[("tcp", Some(CheckKind::Tcp)), ("http", Some(CheckKind::Http)), ("none", None)])? {
             None => return Ok(None),
             Some(k) => k,
@@ -62,7 +62,20 @@ impl Validator<'_> {
             None => 3,
             Some(n) => self.integer(n, &at.key("fall"), 1, 100)?,
         };
-        Ok(Some(HealthCheck { kind, port: check_port, path, expect, interval, timeout, rise, fall }))
+        let via = match Self::get(f, "via") {
+            None => ProbeVia::Backend,
+            Some(n) => self.choice(n, &at.key("via"), &[("backend", ProbeVia::Backend), ("vip", ProbeVia::Vip)])?,
+        };
+        if via == ProbeVia::Vip {
+            // The probe is a client's connection to the service: the same protocol and port.
+            if protocol == Protocol::Udp {
+                return Err(self.err(&at.key("via"), "a probe through the VIP is a TCP connection to the service, and this service is UDP: use `via: backend`"));
+            }
+            if check_port != port {
+                return Err(self.err(&at.key("port"), format!("a probe through the VIP goes to the service's own port ({port}), not {check_port}")));
+            }
+        }
+        Ok(Some(HealthCheck { kind, port: check_port, path, expect, interval, timeout, rise, fall, via }))
     }
 
     /// `200`, or `200-399`.
@@ -88,7 +101,7 @@ impl Validator<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{parse_str, CheckKind};
+    use crate::config::{parse_str, CheckKind, ProbeVia};
 
     #[test]
     fn health_checks_parse_with_their_defaults() {
@@ -101,5 +114,21 @@ mod tests {
         let dns = p.services[1].health_check.clone().expect("dns is checked");
         assert_eq!((dns.kind, dns.port, dns.expect, dns.interval.as_secs(), dns.timeout.as_secs()), (CheckKind::Tcp, 8053, (200, 399), 2, 1));
         assert_eq!(p.services[2].health_check, None);
+        assert_eq!((web.via, dns.via), (ProbeVia::Backend, ProbeVia::Backend));
+    }
+
+    #[test]
+    fn a_probe_through_the_vip_is_a_tcp_connection_to_the_service_port() {
+        let svc = |extra: &str, proto: &str| format!("services:\n  - name: web\n    vip: 10.0.0.1\n    port: 80\n    protocol: {proto}\n    health_check: {{kind: tcp, via: vip{extra}}}\n    backends: [10.0.0.2]\n");
+        let p = parse_str("p.yaml", &svc("", "tcp")).expect("valid");
+        let c = p.services[0].health_check.clone().expect("checked");
+        assert_eq!((c.via, c.port), (ProbeVia::Vip, 80));
+        assert!(parse_str("p.yaml", &svc(", port: 80", "tcp")).is_ok());
+        let e = parse_str("p.yaml", &svc(", port: 8080", "tcp")).expect_err("another port").to_string();
+        assert!(e.contains("p.yaml:6") && e.contains("health_check.port") && e.contains("service's own port (80)"), "{e}");
+        let e = parse_str("p.yaml", &svc(", port: 8080", "udp")).expect_err("UDP").to_string();
+        assert!(e.contains("health_check.via") && e.contains("UDP"), "{e}");
+        let e = parse_str("p.yaml", &svc("", "tcp").replace("via: vip", "via: tunnel")).expect_err("unknown").to_string();
+        assert!(e.contains("health_check.via") && e.contains("tunnel"), "{e}");
     }
 }
