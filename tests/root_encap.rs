@@ -901,3 +901,115 @@ fn root_decap_follows_rfc_6040_for_every_ecn_combination() {
     }
     assert_eq!(checked, 16 * 2 * 4);
 }
+
+/// The id the data plane gave backend `name` of `service`.
+fn backend_id(dp: &Balancer, service: &str, name: &str) -> u32 {
+    let s = dp.installed().iter().find(|s| s.name == service).expect("service installed");
+    s.backends.iter().find(|b| b.identity == name).expect("backend installed").id
+}
+
+/// TCX verdicts: on to the next program, passed (sent on this device), dropped, redirected.
+const TCX_NEXT: i32 = -1;
+const TCX_PASS: i32 = 0;
+const TCX_DROP: i32 = 2;
+const TCX_REDIRECT: i32 = 7;
+
+/// A health probe through the VIP (`via: vip`) leaves the host's stack as a plain SYN to the
+/// VIP, marked with its backend's id; the probes' egress program sends it to that backend
+/// exactly as lb_xdp sends a client's packet of the service, in every forwarding mode and
+/// family: the next hop's MAC, the outer header towards the backend (IPv4 checksum valid, DF,
+/// the encapsulation source's fixed bits), GUE on the service's port, and the inner packet byte
+/// for byte. Then it clears the mark, and sends the frame on from the loopback device to the
+/// attached interface.
+#[test]
+fn root_a_marked_probe_leaves_as_the_services_packet_to_the_backend_its_mark_names() {
+    let (dp, pool) = setup();
+    // service, backend, the host's address of the VIP's family, the expected encapsulation.
+    let cases: [(&str, &str, &str, Option<Outer>); 6] = [
+        ("ipip4", "a2", SRC4, Some(Outer::Ipip)),
+        ("gue4", "g3", SRC4, Some(Outer::Gue(6081))),
+        ("ipip6", "s1", SRC6, Some(Outer::Ipip)),
+        ("v4in6", "m2", SRC4, Some(Outer::Gue(6080))),
+        ("v6in4", "n1", SRC6, Some(Outer::Ipip)),
+        ("l2web", "l2", SRC4, None),
+    ];
+    dp.set_probe_interface(1).expect("probe_out");
+    for (service, name, host, outer) in cases {
+        let s = pool.service(service).expect("service");
+        let b = s.backends.iter().find(|b| b.identity() == name).expect("backend").address;
+        let frame = match (ip(host), s.vip) {
+            (IpAddr::V4(h), IpAddr::V4(v)) => ipv4_simple(h, v, L4::syn(40000, s.port)),
+            (IpAddr::V6(h), IpAddr::V6(v)) => ipv6(h, v, L4::syn(40000, s.port), None, &[]),
+            _ => unreachable!("the host's address is of the VIP's family"),
+        };
+        let mark = 0x4c42_0000 | backend_id(&dp, service, name);
+        let (verdict, out, mark_after) = dp.test_run_probe(&frame, mark).expect("run");
+        assert_eq!((verdict, mark_after), (TCX_PASS, 0), "{service}: sent on the device it is on, its mark cleared");
+        let Some(outer) = outer else {
+            // L2: only the Ethernet addresses change.
+            let mut want = frame.clone();
+            want[0..6].copy_from_slice(&neighbour_mac(b).expect("mac"));
+            want[6..12].copy_from_slice(&IFMAC);
+            assert_eq!(out, want, "{service}: the frame to the backend's MAC");
+            continue;
+        };
+        assert_eq!(outer_dst(&out), b, "{service}: the outer destination is the backend");
+        // The documented outer header with the encapsulation source's varying bits at zero, the
+        // IPv4 id 0 with DF (the host's TCP sets DF), and what comes from the packet's own hash
+        // (GUE's source port, IPv6's flow label) taken from the output.
+        let mut want = encapsulated(&frame, 14, b, outer, 0, 0);
+        let (l3, outer_len) = if b.is_ipv4() { (14, 20) } else { (14, 40) };
+        if b.is_ipv4() {
+            want[l3 + 6] |= 0x40;
+            want[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+            let c = csum(&want[l3..l3 + 20]);
+            want[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        } else {
+            // The flow label (20 bits) is the packet's; the traffic class stays the expected one.
+            let class_low = want[l3 + 1] & 0xf0;
+            want[l3 + 1..l3 + 4].copy_from_slice(&out[l3 + 1..l3 + 4]);
+            want[l3 + 1] = class_low | (out[l3 + 1] & 0x0f);
+        }
+        if let Outer::Gue(_) = outer {
+            want[l3 + outer_len..l3 + outer_len + 2].copy_from_slice(&out[l3 + outer_len..l3 + outer_len + 2]);
+            assert_eq!(out[l3 + outer_len] & 0xc0, 0xc0, "{service}: GUE's source port in the ephemeral range");
+        }
+        assert_eq!(out, want, "{service}: the probe to {b}");
+    }
+
+    // Sent by the loopback device (a VIP the host holds): on to the attached interface.
+    dp.set_probe_interface(7).expect("probe_out");
+    let frame = ipv4_simple(v4(SRC4), v4("10.99.0.100"), L4::syn(40000, 80));
+    let (verdict, _, _) = dp.test_run_probe(&frame, 0x4c42_0000 | backend_id(&dp, "ipip4", "a1")).expect("run");
+    assert_eq!(verdict, TCX_REDIRECT, "from lo, a probe is redirected to the interface");
+}
+
+/// Unmarked packets (the host's own traffic) pass untouched, whatever they are; a marked one
+/// that no service's forwarding can send is dropped and counted, never sent somewhere else.
+#[test]
+fn root_the_probes_egress_program_touches_only_marked_packets_and_sends_them_nowhere_else() {
+    let (dp, _pool) = setup();
+    dp.set_probe_interface(1).expect("probe_out");
+    let to_vip = ipv4_simple(v4(SRC4), v4("10.99.0.100"), L4::syn(40000, 80));
+    for mark in [0, 0x4c41_0001, 0x0000_4c42, 0x4d42_0001] {
+        let (verdict, out, mark_after) = dp.test_run_probe(&to_vip, mark).expect("run");
+        assert_eq!((verdict, out.as_slice(), mark_after), (TCX_NEXT, to_vip.as_slice(), mark), "mark {mark:#x}: untouched");
+    }
+    let a1 = 0x4c42_0000 | backend_id(&dp, "ipip4", "a1");
+    // No service on that port: dropped as lb_xdp drops a packet with no backend.
+    let before = stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND);
+    let (verdict, _, _) = dp.test_run_probe(&ipv4_simple(v4(SRC4), v4("10.99.0.100"), L4::syn(40000, 81)), a1).expect("run");
+    assert_eq!(verdict, TCX_DROP, "a probe to no service");
+    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND), before + 1, "counted as no_backend");
+    // An id with no backend record: dropped as no_mac.
+    let before = stat(&dp, types::lb_stat::LB_DROP_NO_MAC);
+    let (verdict, _, _) = dp.test_run_probe(&to_vip, 0x4c42_fff0).expect("run");
+    assert_eq!(verdict, TCX_DROP, "a probe for an id nobody holds");
+    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_NO_MAC), before + 1, "counted as no_mac");
+    // UDP, or a truncated header: not a probe lb makes.
+    let before = stat(&dp, types::lb_stat::LB_DROP_MALFORMED);
+    let udp = ipv4_simple(v4(SRC4), v4("10.99.0.100"), L4::Udp { sport: 40000, dport: 80 });
+    assert_eq!(dp.test_run_probe(&udp, a1).expect("run").0, TCX_DROP, "a marked UDP packet");
+    assert_eq!(dp.test_run_probe(&to_vip[..14 + 20 + 10], a1).expect("run").0, TCX_DROP, "a truncated TCP header");
+    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_MALFORMED), before + 2, "counted as malformed");
+}

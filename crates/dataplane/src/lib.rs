@@ -290,8 +290,37 @@ impl Dataplane {
     /// Sends health probes through the data path out of interface `ifindex` (bpf/probe.h,
     /// [`probe_path`]).
     pub fn open_probe_path(&self, ifindex: u32, ifname: &str, mac: [u8; 6]) -> Result<probe_path::ProbePath> {
-        self.skel.maps.probe_out.update(&0u32.to_ne_bytes(), &ifindex.to_ne_bytes(), libbpf_rs::MapFlags::ANY).context("writing probe_out")?;
+        self.set_probe_interface(ifindex)?;
         probe_path::ProbePath::open(self.skel.progs.lb_probe_out.as_fd(), ifindex, ifname, mac)
+    }
+
+    /// Names the interface probes through the data path leave by (bpf/probe.h, probe_out).
+    pub fn set_probe_interface(&self, ifindex: u32) -> Result<()> {
+        self.skel.maps.probe_out.update(&0u32.to_ne_bytes(), &ifindex.to_ne_bytes(), libbpf_rs::MapFlags::ANY).context("writing probe_out")
+    }
+
+    /// Runs the probes' egress program once on `frame`, as a packet of the loopback device
+    /// marked `mark`, through BPF_PROG_TEST_RUN: (its verdict, the frame as it left, its mark
+    /// as it left).
+    pub fn test_run_probe(&self, frame: &[u8], mark: u32) -> Result<(i32, Vec<u8>, u32)> {
+        // struct __sk_buff up to its mark (len, pkt_type, mark); the kernel zeroes the rest.
+        let mut ctx_in = [0u8; 12];
+        ctx_in[8..12].copy_from_slice(&mark.to_ne_bytes());
+        let mut ctx_out = [0u8; 256];
+        let mut out = vec![0u8; frame.len() + 256];
+        let input = libbpf_rs::ProgramInput {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            context_in: Some(&mut ctx_in),
+            context_out: Some(&mut ctx_out),
+            ..Default::default()
+        };
+        let output = self.skel.progs.lb_probe_out.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        let len = output.data.as_ref().map_or(0, |d| d.len());
+        let verdict = output.return_value as i32;
+        let mark_out = output.context.as_ref().and_then(|c| c.get(8..12)).map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        out.truncate(len);
+        Ok((verdict, out, mark_out))
     }
 
     pub fn program_id(&self) -> Result<u32> {
