@@ -124,6 +124,7 @@ fn scrape(text: &str, runs: usize) -> anyhow::Result<()> {
                     health: "healthy".into(),
                     // Checked, as a production pool is: its probe series are in the scrape.
                     probes: Some(lb::health::ProbeRecord::default()),
+                    signals: None,
                     state: "active".into(),
                     mac_known: true,
                 })

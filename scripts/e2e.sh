@@ -90,6 +90,8 @@ TESTS=(
     "test_health_through_the_vip_catches_what_plain_probes_miss generic gue"
     "test_health_through_the_vip_catches_what_plain_probes_miss native l2"
     "test_health_through_the_vip_catches_what_plain_probes_miss generic l2"
+    "test_health_signals_take_out_what_plain_probes_miss native"
+    "test_health_signals_take_out_what_plain_probes_miss generic"
     "test_health_a_flapping_backend_does_not_churn_the_table native"
     "test_encap_tracked_connections_survive_a_reweight native"
     "test_long_lived_connections_survive_a_reload native"

@@ -308,3 +308,57 @@ fn root_a_udp_flow_is_established_at_its_second_datagram_and_survives_a_flood() 
         assert_eq!(udp(&dp, src, sport), table_says(&a, "dns", src, sport), "{src}:{sport} kept its backend through the flood");
     }
 }
+
+/// The id the data plane gave the backend at `addr` of `service`.
+fn id_of(dp: &Balancer, service: &str, addr: IpAddr) -> u32 {
+    let s = dp.installed().iter().find(|s| s.name == service).expect("service");
+    s.backends.iter().find(|b| b.address == addr).expect("backend").id
+}
+
+/// The signals from real traffic (docs/operating.md): a flow's first SYN counts a connection
+/// begun for its backend, the same SYN again (no SYN-ACK came) a SYN again, a client's RST as a
+/// flow's second packet an early reset; the handshake's ACK, data and an established flow's RST
+/// count nothing, and neither does UDP. With the guard off, a SYN again on an entry not yet
+/// confirmed counts too.
+#[test]
+fn root_signals_count_first_syns_syns_again_and_resets_at_the_handshake_per_backend() {
+    for guard in [true, false] {
+        let (dp, _) = setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, guard);
+        let src = v4("192.0.2.7");
+        let total = |dp: &Balancer| -> lb::health::signals::Signals {
+            let mut t = lb::health::signals::Signals::default();
+            for a in ["10.99.0.11", "10.99.0.12", "10.99.0.13"] {
+                let s = dp.signals(id_of(dp, "web", ip(a))).expect("signals");
+                t.syns += s.syns;
+                t.syn_again += s.syn_again;
+                t.reset_early += s.reset_early;
+            }
+            t
+        };
+        // A connection that completes: one SYN begun, nothing else.
+        let b = tcp(&dp, src, 1000, SYN);
+        tcp(&dp, src, 1000, ACK);
+        tcp(&dp, src, 1000, ACK | 0x08);
+        tcp(&dp, src, 1000, RST);
+        let one = dp.signals(id_of(&dp, "web", b)).expect("signals");
+        assert_eq!((one.syns, one.syn_again, one.reset_early), (1, 0, 0), "guard {guard}: a whole connection");
+        // A SYN sent twice more: two SYNs again, on its backend.
+        let b = tcp(&dp, src, 1001, SYN);
+        tcp(&dp, src, 1001, SYN);
+        tcp(&dp, src, 1001, SYN);
+        assert_eq!(dp.signals(id_of(&dp, "web", b)).expect("signals").syn_again, 2, "guard {guard}: its SYN sent again, on its backend");
+        // UDP counts nothing.
+        udp(&dp, src, 1002);
+        udp(&dp, src, 1002);
+        let t = total(&dp);
+        assert_eq!((t.syns, t.syn_again), (2, 2), "guard {guard}: UDP adds nothing");
+        if guard {
+            // An RST as the second packet: the client aborted the handshake.
+            let b = tcp(&dp, src, 1003, SYN);
+            let before = dp.signals(id_of(&dp, "web", b)).expect("signals").reset_early;
+            tcp(&dp, src, 1003, RST);
+            assert_eq!(dp.signals(id_of(&dp, "web", b)).expect("signals").reset_early, before + 1, "an RST at the handshake");
+            assert_eq!(total(&dp).reset_early, 1);
+        }
+    }
+}

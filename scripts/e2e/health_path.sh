@@ -12,9 +12,9 @@ HP_INTERVAL_MS=300
 HP_CHECK="{kind: tcp, interval: ${HP_INTERVAL_MS}ms, timeout: 250ms, rise: 2, fall: 2"
 
 # The pool: web on the VIP, port 80, forwarding FORWARD to BACKENDS ("name address ..."), its
-# checks plain (VIA backend) or through the VIP (VIA vip).
-hp_pool() { # FILE FORWARD VIA BACKENDS...
-    local file=$1 fwd=$2 via=$3 list=""
+# check's keys besides HP_CHECK's CHECK ("via: vip, signals: off").
+hp_pool() { # FILE FORWARD CHECK BACKENDS...
+    local file=$1 fwd=$2 check=$3 list=""
     shift 3
     while [ $# -ge 2 ]; do
         list+="${list:+, }{address: $2, name: $1}"
@@ -27,7 +27,7 @@ services:
     port: 80
     hash: flow
     forward: $fwd
-    health_check: $HP_CHECK, via: $via}
+    health_check: $HP_CHECK, $check}
     backends: [$list]
 EOF
 }
@@ -108,7 +108,8 @@ test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
         set -- b1 10.99.0.11 b2 10.99.0.12 b3 10.99.0.13
     fi
     local fwd=$topo
-    hp_pool "$WORK/pool.yaml" "$fwd" backend "$@"
+    # Signals off: this test is about probes alone (signals have the test below).
+    hp_pool "$WORK/pool.yaml" "$fwd" "via: backend, signals: off" "$@"
     start_lb "$mode"
     for what in $breakages; do
         n=$((n + 1))
@@ -120,7 +121,7 @@ test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
         [ "$control" -ge 30 ] || fail "$what: only $control of 300 connections failed with b2 broken and plainly probed"
         # Through the VIP: b2 leaves within three probe intervals of the switch.
         t0=$(date +%s%N)
-        hp_pool "$WORK/pool.yaml" "$fwd" vip "$@"
+        hp_pool "$WORK/pool.yaml" "$fwd" "via: vip, signals: off" "$@"
         wait_log "web backend b2 $b2addr is down after 2 failed probes (through the VIP: " "$n"
         t1=$(date +%s%N)
         wait_log "health: applied in" "$((2 * n - 1))"
@@ -139,8 +140,98 @@ test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
         [ "$failed" -le 3 ] || fail "$what: $failed of 300 connections failed after the repair"
         grep -q ' b2$' "$WORK/back-$what" || fail "$what: b2 is back but gets no connection"
         summary+="; $what: $control/300 failed plainly probed, out in $(((t1 - t0) / 1000000)) ms through the VIP, then $failed/300"
-        hp_pool "$WORK/pool.yaml" "$fwd" backend "$@"
-        wait_log "web changed" "$((2 * n))"
+        hp_pool "$WORK/pool.yaml" "$fwd" "via: backend, signals: off" "$@"
+        wait_log "reload (file changed): .* applied in" "$((2 * n))"
     done
     say "${summary#; }"
+}
+
+# lb's /metrics and status page (--metrics 127.0.0.1:9100) into FILE.
+hp_scrape() { # FILE [PATH]
+    ip netns exec "$PREFIX-lb" curl -sf --max-time 5 "http://127.0.0.1:9100${2:-/metrics}" >"$1" || fail "no scrape of ${2:-/metrics}"
+}
+
+# Signals from real traffic, under a steady stream of new connections and plain probes (which
+# b2's own address passes throughout): loss on the clients' side takes no backend out; with
+# `signals: off` (the control) b2, its SYN-ACKs from the VIP dropped, stays in and its share of
+# connections fails; with signals on it stands out, fails through the VIP too and is out; a
+# second broken backend (b3) stands out too but stays, a third being the limit; repaired, both
+# are back.
+test_health_signals_take_out_what_plain_probes_miss() { # MODE
+    local mode=$1 t0 t1 n
+    setup "$mode"
+    set -- b1 10.99.0.11 b2 10.99.0.12 b3 10.99.0.13
+    hp_pool "$WORK/pool.yaml" l2 "via: backend" "$@"
+    start_lb "$mode" --metrics 127.0.0.1:9100
+    CHURN_COUNT=20 CHURN_TIMEOUT_MS=500 churn_start
+
+    # Loss on the clients' side: a fifth of what the VIP sends them dropped, for every backend.
+    ip netns exec "$PREFIX-client" nft -f - <<NFT || fail "nft"
+table inet loss {
+    chain in {
+        type filter hook input priority 0;
+        ip saddr 10.99.0.100 tcp sport 80 numgen random mod 100 < 20 drop
+    }
+}
+NFT
+    sleep 7
+    ip netns exec "$PREFIX-client" nft delete table inet loss
+    if grep -q "signals: " "$WORK/lb.log"; then cat "$WORK/lb.log" >&2; fail "loss on the clients' side made a suspect"; fi
+    hp_scrape "$WORK/m0"
+    local again1
+    again1=$(awk '$1 == "lb_backend_signals_total{service=\"web\",backend=\"b1\",signal=\"syn_again\"}" {print $2}' "$WORK/m0")
+    [ "${again1:-0}" -gt 0 ] || fail "the clients' loss left no SYN sent again on b1 (${again1:-no series})"
+
+    # The control: signals off, b2's SYN-ACKs from the VIP dropped; it stays in.
+    sed -i 's/via: backend}/via: backend, signals: off}/' "$WORK/pool.yaml"
+    wait_log "reload (file changed): .* applied in" 1
+    hp_break l2 synack "$mode"
+    sleep 6
+    if grep -q "signals: " "$WORK/lb.log"; then fail "signals: off still judged"; fi
+    hp_round control "$TOPO_CLIENTS4"
+    local control=$HP_FAILED
+    [ "$control" -ge 30 ] || fail "only $control of 300 connections failed with b2 broken and no signals"
+
+    # Signals on: b2 stands out, fails through the VIP, and is out.
+    t0=$(date +%s%N)
+    sed -i 's/, signals: off}/}/' "$WORK/pool.yaml"
+    wait_log "signals: web backend b2 10.99.0.12 stands out" 1
+    wait_log "signals: web backend b2 10.99.0.12 fails through the VIP too (through the VIP: timeout): out (1 of 3" 1
+    t1=$(date +%s%N)
+    wait_log "health: applied in" 1
+    hp_round out "$TOPO_CLIENTS4"
+    [ "$HP_FAILED" -le 3 ] || fail "$HP_FAILED of 300 connections failed with b2 out"
+    if grep -q ' b2$' "$WORK/out"; then fail "b2 out, yet it gets new connections"; fi
+    hp_scrape "$WORK/m1"
+    grep -q '^lb_backend_signal_out{service="web",backend="b2"} 1$' "$WORK/m1" || fail "lb_backend_signal_out of b2 is not 1"
+    grep -q '^lb_backend_signal_out{service="web",backend="b1"} 0$' "$WORK/m1" || fail "lb_backend_signal_out of b1 is not 0"
+    n=$(awk '$1 == "lb_backend_signals_total{service=\"web\",backend=\"b2\",signal=\"syn_again\"}" {print $2}' "$WORK/m1")
+    [ "${n:-0}" -ge 20 ] || fail "b2's SYNs sent again: ${n:-no series}"
+    hp_scrape "$WORK/page.html" /
+    grep -q '<td class="signals">[0-9]* SYNs again, [0-9]* resets of [0-9]* connections; out</td>' "$WORK/page.html" || fail "the status page does not show b2's signals"
+
+    # b3 broken too: it stands out and fails through the VIP, but a third of three is out.
+    ip netns exec "$PREFIX-b3" nft -f - <<NFT || fail "nft"
+table inet hp {
+    chain from_vip {
+        type filter hook output priority 0;
+        ip saddr 10.99.0.100 tcp flags & (syn | ack) == syn | ack drop
+    }
+}
+NFT
+    wait_log "signals: web backend b3 10.99.0.13 fails through the VIP too (through the VIP: timeout), but 1 of 3 are out by this rule already (at most a third): it stays" 1
+    [ "$(grep -c "): out (" "$WORK/lb.log")" -eq 1 ] || fail "more than a third out by signals"
+
+    # Repaired: both pass through the VIP; b2 is back, b3 no longer a suspect.
+    hp_break l2 synack "$mode" 1
+    ip netns exec "$PREFIX-b3" nft delete table inet hp
+    wait_log "signals: web backend b2 10.99.0.12 passes 2 probes through the VIP in a row: back" 1
+    wait_log "signals: web backend b3 10.99.0.13 passes 2 probes through the VIP in a row: no longer a suspect" 1
+    wait_log "health: applied in" 2
+    churn_stop 2>/dev/null || true
+    hp_round back "$TOPO_CLIENTS4"
+    [ "$HP_FAILED" -le 3 ] || fail "$HP_FAILED of 300 connections failed after the repair"
+    grep -q ' b2$' "$WORK/back" || fail "b2 is back but gets no connection"
+    if grep -q "plain probes\|is down after" "$WORK/lb.log"; then fail "a plain probe failed"; fi
+    say "clients' loss: no suspect (b1's SYNs again: $again1); signals off: $control/300 failed; on: b2 out in $(((t1 - t0) / 1000000)) ms, then $(grep -c FAIL "$WORK/out" || true)/300; b3 broken too stayed in (a third); repaired: both back"
 }

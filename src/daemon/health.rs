@@ -21,7 +21,35 @@ use std::net::IpAddr;
 
 use super::describe::{backend_label, label_of};
 use super::probe::{probe, Failure, Key, Prober, Target};
+use super::signals::{self, Outliers};
 use crate::log::log;
+
+/// Where a probe of backend `b` of `s` through the VIP goes, or why it cannot be sent.
+fn vip_target(path: &Option<Result<ProbePath, String>>, pool: &Pool, s: &Service, b: &Backend, dp: &Balancer, ifc: &Interface) -> Result<Target, Failure> {
+    let fail = |why: String| Failure::new(Outcome::Error, format!("through the VIP: {why}"));
+    let ifname = match path {
+        Some(Ok(p)) => p.ifname().to_string(),
+        Some(Err(e)) => return Err(fail(e.clone())),
+        None => return Err(fail("no way out was set up".into())),
+    };
+    let identity = b.identity();
+    let id = dp
+        .installed()
+        .iter()
+        .find(|l| l.name == s.name)
+        .and_then(|l| l.backends.iter().find(|lb| lb.identity == identity))
+        .map(|lb| lb.id)
+        .ok_or_else(|| fail("the backend is not installed yet".into()))?;
+    // The interface's own address, which the backend answers: not a VIP (one that the host
+    // holds there), not link-local.
+    let source = ifc
+        .addresses
+        .iter()
+        .find(|a| a.is_ipv4() == s.vip.is_ipv4() && !pool.services.iter().any(|o| o.vip == **a) && !link_local(a))
+        .copied()
+        .ok_or_else(|| fail(format!("{} has no address of the VIP's family to send from", ifc.name)))?;
+    Ok(Target::Vip { addr: SocketAddr::new(s.vip, s.port), source, mark: probe_path::mark(id), ifname })
+}
 
 fn link_local(a: &IpAddr) -> bool {
     match a {
@@ -47,6 +75,8 @@ pub(super) struct HealthChecks {
     /// The way out of probes through the VIP, set up when a check first asks for it (None:
     /// none has), or why it could not be.
     path: Option<Result<ProbePath, String>>,
+    /// Signals from real traffic, and the backends they took out (signals.rs).
+    signals: Outliers,
 }
 
 impl AsFd for HealthChecks {
@@ -67,6 +97,7 @@ impl HealthChecks {
             failing_open: Vec::new(),
             recovered: Vec::new(),
             path: None,
+            signals: Outliers::new()?,
         })
     }
 
@@ -77,17 +108,35 @@ impl HealthChecks {
     /// Queues the probes that are due, scanning every checked backend only when one is (not on
     /// every wake-up of the loop); returns when the next one is.
     /// `dp` and `ifc`: where probes through the VIP leave, and the backends' ids they carry.
-    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> Option<Instant> {
+    /// Also reads the signals from real traffic when a second has passed (true in the second
+    /// value: the metrics have news).
+    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> (Option<Instant>, bool) {
         if self.probes_due.is_some_and(|due| now >= due) {
             self.open_path(pool, dp, ifc);
             self.probes_due = self.submit_due(now, pool, dp, ifc);
         }
-        self.probes_due
+        if !pool.services.iter().any(signals::watched) {
+            return (self.probes_due, false);
+        }
+        self.open_path(pool, dp, ifc);
+        let path = &self.path;
+        let (next, read) = self.signals.tick(now, pool, dp, |s, b| vip_target(path, pool, s, b, dp, ifc));
+        (Some(self.probes_due.map_or(next, |d| d.min(next))), read)
+    }
+
+    /// The signals' probes' descriptor: readable when their results arrived.
+    pub(super) fn signals_fd(&self) -> BorrowedFd<'_> {
+        self.signals.as_fd()
+    }
+
+    /// A backend's signals as last read, and whether they took it out.
+    pub(super) fn signals_of(&self, key: &Key) -> Option<(lb::health::signals::Signals, bool)> {
+        self.signals.of(key)
     }
 
     /// Sets up the way out of probes through the VIP the first time a check asks for it.
     fn open_path(&mut self, pool: &Pool, dp: &Balancer, ifc: &Interface) {
-        let wanted = pool.services.iter().any(|s| s.health_check.as_ref().is_some_and(|c| c.via == ProbeVia::Vip));
+        let wanted = pool.services.iter().any(|s| s.health_check.as_ref().is_some_and(|c| c.via == ProbeVia::Vip) || signals::watched(s));
         if !wanted || self.path.is_some() {
             return;
         }
@@ -113,29 +162,7 @@ impl HealthChecks {
         if check.via == ProbeVia::Backend {
             return Ok(Target::Backend(SocketAddr::new(b.address, check.port)));
         }
-        let fail = |why: String| Failure::new(Outcome::Error, format!("through the VIP: {why}"));
-        let ifname = match &self.path {
-            Some(Ok(p)) => p.ifname().to_string(),
-            Some(Err(e)) => return Err(fail(e.clone())),
-            None => return Err(fail("no way out was set up".into())),
-        };
-        let identity = b.identity();
-        let id = dp
-            .installed()
-            .iter()
-            .find(|l| l.name == s.name)
-            .and_then(|l| l.backends.iter().find(|lb| lb.identity == identity))
-            .map(|lb| lb.id)
-            .ok_or_else(|| fail("the backend is not installed yet".into()))?;
-        // The interface's own address, which the backend answers: not a VIP (one that the host
-        // holds there), not link-local.
-        let source = ifc
-            .addresses
-            .iter()
-            .find(|a| a.is_ipv4() == s.vip.is_ipv4() && !pool.services.iter().any(|o| o.vip == **a) && !link_local(a))
-            .copied()
-            .ok_or_else(|| fail(format!("{} has no address of the VIP's family to send from", ifc.name)))?;
-        Ok(Target::Vip { addr: SocketAddr::new(s.vip, s.port), source, mark: probe_path::mark(id), ifname })
+        vip_target(&self.path, pool, s, b, dp, ifc)
     }
 
     /// Queues the probes that are due; returns when the next one is.
@@ -167,7 +194,7 @@ impl HealthChecks {
     /// `shared`: the fleet decides (this node's checks are one view of several), which the log
     /// says instead of what the slots do.
     pub(super) fn results(&mut self, pool: &Pool, shared: bool, mut seen: impl FnMut(&Key, &ProbeRecord)) -> bool {
-        let mut changed = false;
+        let mut changed = self.signals.results(pool);
         for (key, result, took) in self.prober.drain() {
             let Some(s) = pool.service(&key.0) else { continue };
             let Some(check) = &s.health_check else { continue };
@@ -203,9 +230,11 @@ impl HealthChecks {
         std::mem::take(&mut self.recovered)
     }
 
-    /// The backends this node's own checks see down.
+    /// The backends this node's own checks see down, and those its signals took out.
     pub(super) fn down_set(&self, pool: &Pool) -> BTreeSet<Key> {
-        self.map.iter().filter(|(k, h)| !h.healthy && pool.service(&k.0).is_some_and(|s| s.health_check.is_some())).map(|(k, _)| k.clone()).collect()
+        let mut down: BTreeSet<Key> = self.map.iter().filter(|(k, h)| !h.healthy && pool.service(&k.0).is_some_and(|s| s.health_check.is_some())).map(|(k, _)| k.clone()).collect();
+        down.extend(self.signals.out());
+        down
     }
 
     /// The pool with health applied, saying which services begin or stop failing open: this
@@ -224,7 +253,22 @@ impl HealthChecks {
                 shared = m;
                 &shared
             }
-            None => &self.map,
+            None => {
+                // This node's own: its checks, and the backends its signals took out.
+                let out = self.signals.out();
+                if out.is_empty() {
+                    &self.map
+                } else {
+                    let mut m = self.map.clone();
+                    for k in out {
+                        let h = m.entry(k).or_default();
+                        h.healthy = false;
+                        h.last_error.get_or_insert_with(|| "signals, and failing through the VIP".to_string());
+                    }
+                    shared = m;
+                    &shared
+                }
+            }
         };
         let (effective, open) = health::effective(pool, map);
         for s in &open {
@@ -247,6 +291,7 @@ impl HealthChecks {
     pub(super) fn renew(&mut self, pool: &Pool) -> HealthMap {
         let kept = self.map.clone();
         health::retain(&mut self.map, pool);
+        self.signals.renew(pool);
         self.probes_due = Some(Instant::now());
         self.next_probe.retain(|k, _| {
             pool.service(&k.0).is_some_and(|s| s.health_check.is_some() && s.backends.iter().any(|b| b.identity() == k.1))

@@ -21,8 +21,9 @@ use prometheus_client::registry::Registry;
 
 use lb::config::{BackendState, Pool, WEIGHT_STEPS};
 use lb::load::{Adjustment, Key};
+use lb::health::signals::Signals;
 use lb::health::{HealthMap, Outcome, ProbeRecord};
-use lb::metrics::{encode_plane, rates, status_page, BackendModel, Model, ServiceModel};
+use lb::metrics::{encode_plane, rates, status_page, BackendModel, BackendSignals, Model, ServiceModel};
 use lb::stats::Snapshot;
 
 use super::http::{self, Answer, Request};
@@ -362,12 +363,14 @@ impl Publisher {
     }
 
     /// Publishes what is configured and served.
-    pub(super) fn publish(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) {
+    /// `signals`: a backend's signals from real traffic as last read, and whether they took it
+    /// out (None: not watched).
+    pub(super) fn publish(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, signals: &dyn Fn(&Key) -> Option<(Signals, bool)>, load: &HashMap<Key, Adjustment>) {
         let Some(m) = &self.metrics else { return };
-        m.publish(self.model(dp, configured, health, load));
+        m.publish(self.model(dp, configured, health, signals, load));
     }
 
-    fn model(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, load: &HashMap<Key, Adjustment>) -> Model {
+    fn model(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, signals: &dyn Fn(&Key) -> Option<(Signals, bool)>, load: &HashMap<Key, Adjustment>) -> Model {
         let mut services = Vec::new();
         for live in dp.installed() {
             let Some(conf) = configured.service(&live.name) else { continue };
@@ -383,7 +386,10 @@ impl Publisher {
                     let checked = conf.health_check.is_some();
                     let key = (live.name.clone(), b.identity.clone());
                     let h = health.get(&key);
-                    let healthy = h.is_none_or(|h| h.healthy);
+                    let watched = conf.health_check.as_ref().is_some_and(|c| c.signals);
+                    let sig = if watched { Some(signals(&key).map_or_else(BackendSignals::default, |(counts, out)| BackendSignals { counts, out })) } else { None };
+                    let out = sig.is_some_and(|x| x.out);
+                    let healthy = h.is_none_or(|h| h.healthy) && !out;
                     let adjusted = load.get(&key);
                     // Weights of load-aware services are written in steps (lb::load).
                     let steps = if conf.load_aware() { WEIGHT_STEPS } else { 1 };
@@ -397,8 +403,15 @@ impl Publisher {
                         reported_capacity: adjusted.and_then(|a| a.reported),
                         slots: owned.get(&b.id).copied().unwrap_or(0),
                         healthy,
-                        health: if !checked { "not checked".to_string() } else { h.map_or("healthy".to_string(), |h| h.describe()) },
+                        health: if !checked {
+                            "not checked".to_string()
+                        } else if out && h.is_none_or(|h| h.healthy) {
+                            "down (signals, and failing through the VIP)".to_string()
+                        } else {
+                            h.map_or("healthy".to_string(), |h| h.describe())
+                        },
                         probes: checked.then(|| h.map(|h| h.probes.clone()).unwrap_or_default()),
+                        signals: sig,
                         state: configured.map_or("active", |c| c.state.as_str()).to_string(),
                         mac_known: dp.mac(dp.neighbour_of(b.address)).is_some(),
                     }
@@ -448,6 +461,7 @@ mod tests {
             healthy: true,
             health: "healthy".to_string(),
             probes: None,
+            signals: None,
             state: "active".to_string(),
             mac_known: true,
         }

@@ -50,6 +50,7 @@ mod metrics_http;
 mod neighbours;
 mod pinning;
 mod probe;
+mod signals;
 mod reload;
 mod serve;
 mod startup;

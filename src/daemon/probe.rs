@@ -271,6 +271,7 @@ mod tests {
             rise: 2,
             fall: 3,
             via: lb::config::ProbeVia::Backend,
+            signals: false,
         }
     }
 

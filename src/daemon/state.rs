@@ -106,7 +106,7 @@ impl Daemon<'_> {
 
     /// Publishes what is configured and served to the metrics thread.
     pub(super) fn publish(&self) {
-        self.metrics.publish(&self.dp, &self.configured, self.health.map(), self.agents.adjustments());
+        self.metrics.publish(&self.dp, &self.configured, self.health.map(), &|k| self.health.signals_of(k), self.agents.adjustments());
     }
 
     /// Takes the probe results that arrived, and installs the pool again if a backend changed

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use crate::config::{Pool, Service};
 
 mod probes;
+pub mod signals;
 pub use probes::{Outcome, ProbeRecord, LATENCY_BUCKETS};
 
 /// One backend's health, as rise/fall see it.

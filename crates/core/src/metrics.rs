@@ -15,6 +15,8 @@ use crate::health::ProbeRecord;
 use crate::stats::Snapshot;
 
 mod probes;
+mod signals;
+pub use signals::BackendSignals;
 
 /// What is configured and served, as the serve loop last published it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -69,6 +71,8 @@ pub struct BackendModel {
     pub health: String,
     /// Its health probes (None when its service has no health check).
     pub probes: Option<ProbeRecord>,
+    /// Its signals from real traffic (None when its service's are not watched).
+    pub signals: Option<BackendSignals>,
     /// `active` or `drain`.
     pub state: String,
     pub mac_known: bool,
@@ -199,6 +203,7 @@ pub fn encode_plane(encoder: &mut DescriptorEncoder, model: &Model, snap: &Snaps
     family(encoder, "lb_backend_draining", "1 when the backend's state is drain", MetricType::Gauge, gauges(per_backend(&|_, b| (b.state == "drain") as u64)))?;
     family(encoder, "lb_backend_mac_resolved", "1 when the MAC frames to the backend go to is resolved", MetricType::Gauge, gauges(per_backend(&|_, b| b.mac_known as u64)))?;
     probes::encode(encoder, model)?;
+    signals::encode(encoder, model)?;
     let services = model.services.iter().map(|s| {
         let mut l = s.labels();
         l.extend([("port", s.port.to_string()), ("protocol", s.protocol.clone()), ("algorithm", s.algorithm.clone()), ("hash", s.hash.clone()), ("forward", s.forward.clone())]);
@@ -308,14 +313,14 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
             s.slots,
             total_pps
         ));
-        h.push_str("<div class=\"wrap\"><table><tr><th>backend</th><th>address</th><th>health</th><th>last probe</th><th>state</th><th>weight</th><th>shares</th><th>pkt/s</th></tr>");
+        h.push_str("<div class=\"wrap\"><table><tr><th>backend</th><th>address</th><th>health</th><th>last probe</th><th>signals</th><th>state</th><th>weight</th><th>shares</th><th>pkt/s</th></tr>");
         for b in &s.backends {
             let pps = rates.iter().find(|r| r.0 == s.name && r.1 == b.identity).map_or(0.0, |r| r.2);
             let table_share = if s.slots > 0 { b.slots as f64 / s.slots as f64 * 100.0 } else { 0.0 };
             let traffic_share = if total_pps > 0.0 { pps / total_pps * 100.0 } else { 0.0 };
             let health_class = if b.healthy { "up" } else { "down" };
             h.push_str(&format!(
-                "<tr class=\"backend\" data-backend=\"{}\" data-health=\"{}\"><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"probe\">{}</td><td class=\"{}\">{}</td><td class=\"weight\">{} ({} served{})</td>\
+                "<tr class=\"backend\" data-backend=\"{}\" data-health=\"{}\"><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td class=\"probe\">{}</td><td class=\"signals\">{}</td><td class=\"{}\">{}</td><td class=\"weight\">{} ({} served{})</td>\
                  <td class=\"bars\"><div class=\"bar table\" style=\"width:{:.1}%\" title=\"table {:.1}%\"></div><div class=\"bar traffic\" style=\"width:{:.1}%\" title=\"traffic {:.1}%\"></div>{:.1}% / {:.1}%</td><td>{:.0}</td></tr>",
                 e(&b.identity),
                 if b.healthy { "up" } else { "down" },
@@ -324,6 +329,7 @@ pub fn status_page(model: &Model, snap: &Snapshot, rates: &[(String, String, f64
                 health_class,
                 e(&b.health),
                 e(&probes::last_probe(b)),
+                e(&signals::words(b)),
                 if b.state == "drain" { "drain" } else { "" },
                 e(&b.state),
                 b.weight,
@@ -386,6 +392,7 @@ mod tests {
                         healthy: true,
                         health: "healthy".into(),
                         probes: Some(ProbeRecord::default()),
+                        signals: None,
                         state: "active".into(),
                         mac_known: true,
                     },
@@ -401,6 +408,7 @@ mod tests {
                         healthy: false,
                         health: "down (timeout)".into(),
                         probes: Some(timed_out()),
+                        signals: Some(BackendSignals { counts: crate::health::signals::Signals { syns: 40, syn_again: 12, reset_early: 0 }, out: true }),
                         state: "drain".into(),
                         mac_known: false,
                     },
@@ -488,6 +496,9 @@ mod tests {
             "lb_backend_mac_resolved{service=\"web\",vip=\"10.0.0.100\",backend=\"b1\"} 1",
             "lb_service_slots{service=\"web\",vip=\"10.0.0.100\",port=\"80\",protocol=\"tcp\",algorithm=\"ring\",hash=\"flow\",forward=\"l2\"} 100",
             "lb_service_unstable_slots{service=\"web\",vip=\"10.0.0.100\"} 3",
+            "lb_backend_signals_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",signal=\"syn_again\"} 12",
+            "lb_backend_signals_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",signal=\"syns\"} 40",
+            "lb_backend_signal_out{service=\"web\",backend=\"<b2 & \\\"x\\\">\"} 1",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }
@@ -508,6 +519,10 @@ mod tests {
         assert!(page.contains("<th>last probe</th>"), "{page}");
         assert!(page.contains("<td class=\"probe\">not yet</td>"), "b1 is checked, not probed yet: {page}");
         assert!(page.contains("<td class=\"probe\">timeout, 250.0 ms</td>"), "b2's one probe: {page}");
+        assert!(page.contains("<td class=\"signals\">not watched</td>"), "b1's service watches no signals for it: {page}");
+        assert!(page.contains("<td class=\"signals\">12 SYNs again, 0 resets of 40 connections; out</td>"), "b2's signals: {page}");
+        // The metric with no watched backend stays out of b1's series.
+        assert!(!text(&model(), &snap(30, 12)).contains("lb_backend_signal_out{service=\"web\",backend=\"b1\"}"));
         assert!(page.contains("http-equiv=\"refresh\""));
     }
 }

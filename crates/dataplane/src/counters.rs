@@ -47,6 +47,20 @@ impl Dataplane {
         traffic_of(&self.skel.maps.backend_traffic, id)
     }
 
+    /// Backend `id`'s signals from real traffic (bpf/conntrack_map.h, backend_signals), summed
+    /// over CPUs.
+    pub fn signals(&self, id: u32) -> Result<lb_core::health::signals::Signals> {
+        let per_cpu = self.skel.maps.backend_signals.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let mut s = lb_core::health::signals::Signals::default();
+        for v in per_cpu {
+            let cpu: types::lb_signals = value_of(&v);
+            s.syns += cpu.syns;
+            s.syn_again += cpu.syn_again;
+            s.reset_early += cpu.reset_early;
+        }
+        Ok(s)
+    }
+
     /// The number of established flows in the flow table (walks it).
     pub fn flow_count(&self) -> Result<u64> {
         count_flows(&self.skel.maps.flows)

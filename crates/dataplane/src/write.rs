@@ -49,6 +49,8 @@ impl Dataplane {
             plan::Op::ResetCounters { id } => {
                 let zero = vec![vec![0u8; std::mem::size_of::<types::lb_traffic>()]; libbpf_rs::num_possible_cpus()?];
                 maps.backend_traffic.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
+                let zero = vec![vec![0u8; std::mem::size_of::<types::lb_signals>()]; libbpf_rs::num_possible_cpus()?];
+                maps.backend_signals.update_percpu(&id.to_ne_bytes(), &zero, MapFlags::ANY)?;
                 // The mirror follows the map only once the map has it: the sweep of stable
                 // slots judges entries by it.
                 let gen = self.gens.get(id).copied().unwrap_or(0).wrapping_add(1);

@@ -269,6 +269,9 @@ pub struct HealthCheck {
     pub fall: u32,
     /// Where the probe goes: the backend's own address, or the VIP by the service's forwarding.
     pub via: ProbeVia,
+    /// Signals from real traffic (crates/core/src/health/signals.rs): an outlier among the
+    /// service's backends is probed through the VIP and taken out if that fails too.
+    pub signals: bool,
 }
 
 /// `via:` of a health check.

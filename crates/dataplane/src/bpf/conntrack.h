@@ -149,6 +149,8 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
 	}
 	if (syn) {
 		/* A SYN sent again: where the first one went. */
+		if (!stale)
+			add_signal(f.backend, LB_SIGNAL_SYN_AGAIN);
 		if (stale)
 			flow_put(&flow_pending, &pending_records, pmask, 1, tag, pe, at, flow_pack(f.backend, f.gen, pflags, now), 0, now, ct_rec(tag, slot, slots));
 		else
@@ -181,6 +183,7 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
 		/* An RST shortens a half-open record's life as it does an
 		 * unconfirmed entry's (it may be spoofed): about 4 s from the
 		 * flow's last packet. */
+		add_signal(f.backend, LB_SIGNAL_RESET_EARLY);
 		f.flags |= LB_FLOW_RESET;
 		__sync_val_compare_and_swap(flow_word_of(pe), w, flow_repack(&f));
 	} else if (stale) {
@@ -241,6 +244,10 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		 * backend answers with a challenge ACK) unless the flow has been silent long
 		 * enough to have ended: then it is a new connection on the same ports. */
 		if (ok && !(syn && !(f.flags & LB_FLOW_RESET) && ct_age(f.seen, now) >= ct_syn_idle(timeout))) {
+			/* On a flow not yet confirmed, a SYN again betrays a backend that did not
+			 * answer (without ct_guard, a flow's first SYN makes this entry). */
+			if (syn && !(f.flags & LB_FLOW_CONFIRMED))
+				add_signal(f.backend, LB_SIGNAL_SYN_AGAIN);
 			if (!syn)
 				refresh(e, at, f, w, timeout, now, rst, ct_rec(tag, slot, slots));
 			count(LB_CT_HIT, 0);
@@ -254,6 +261,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		gen = bpf_map_lookup_elem(&backend_gen, &id);
 		flow_put(&flows, &flow_records, mask, 2, tag, e, at, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots));
 		count(LB_CT_NEW, 0);
+		if (syn)
+			add_signal(id, LB_SIGNAL_SYN);
 		return id;
 	}
 	count(LB_CT_MISS, 0);
@@ -270,6 +279,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 			gen = bpf_map_lookup_elem(&backend_gen, &id);
 			flow_put(&flow_pending, &pending_records, pmask, 1, tag, NULL, 0, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots));
 			count(LB_CT_PENDING, 0);
+			if (syn)
+				add_signal(id, LB_SIGNAL_SYN);
 			if (adopt) {
 				count(LB_CT_ADOPTED, 0);
 				return id | LB_CT_ADOPTING;
@@ -289,6 +300,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		if (flow_put(&flows, &flow_records, mask, 2, tag, NULL, 0, flow_pack(id, gen ? *gen : 0, pflags, now), 0, now, ct_rec(tag, slot, slots)) > 0)
 			count(LB_CT_EVICTED, 0);
 		count(LB_CT_NEW, 0);
+		if (syn)
+			add_signal(id, LB_SIGNAL_SYN);
 	}
 	return id;
 }

@@ -46,4 +46,37 @@ struct {
 	__type(value, struct lb_young);
 } ct_young SEC(".maps");
 
+/* Backend id -> its signals from real traffic (lb.h, struct lb_signals), counted on the few
+ * packets that begin or end a flow, never on an established one's. Read by the controller,
+ * which compares each backend with its service's others; never pinned (rates are read as
+ * differences). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct lb_signals);
+} backend_signals SEC(".maps");
+
+/* Which field of struct lb_signals a packet adds to (add_signal()). */
+enum lb_signal {
+	LB_SIGNAL_SYN = 0,
+	LB_SIGNAL_SYN_AGAIN = 1,
+	LB_SIGNAL_RESET_EARLY = 2,
+};
+
+/* Adds one to backend `id`'s signal `which`. */
+static __always_inline void add_signal(__u32 id, __u32 which)
+{
+	struct lb_signals *s = bpf_map_lookup_elem(&backend_signals, &id);
+
+	if (!s)
+		return;
+	if (which == LB_SIGNAL_SYN)
+		s->syns += 1;
+	else if (which == LB_SIGNAL_SYN_AGAIN)
+		s->syn_again += 1;
+	else
+		s->reset_early += 1;
+}
+
 #endif /* LB_CONNTRACK_MAP_H */

@@ -470,4 +470,14 @@ struct lb_traffic {
 	__u64 bytes;
 };
 
+/* What a tracked TCP service's clients betray of a backend that does not answer, per backend id
+ * (conntrack_map.h, backend_signals; docs/operating.md, "Signals from real traffic"). */
+struct lb_signals {
+	__u64 syns;        /* connections begun: a flow's first SYN sent to this backend */
+	__u64 syn_again;   /* a SYN sent again on a flow not yet confirmed: its SYN-ACK never came */
+	__u64 reset_early; /* a client RST as a flow's second packet (with ct_guard, on its
+			    * half-open record): the client aborted the handshake, as it does when
+			    * the SYN-ACK it got does not fit (a backend behind NAT, say) */
+};
+
 #endif /* LB_H */

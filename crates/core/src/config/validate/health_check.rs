@@ -7,9 +7,9 @@ use crate::config::{CheckKind, ConfigError, HealthCheck, ProbeVia, Protocol};
 
 impl Validator<'_> {
     /// `port` and `protocol` are the service's: the port probed by default, and UDP services
-    /// must name a TCP port to probe.
-    pub(super) fn health_check(&self, node: &Node, at: &FieldPath, port: u16, protocol: Protocol) -> Result<Option<HealthCheck>, ConfigError> {
-        let f = self.mapping(node, at, &["kind", "port", "path", "expect", "interval", "timeout", "rise", "fall", "via"])?;
+    /// must name a TCP port to probe; `conntrack`, whether it tracks flows (signals need it).
+    pub(super) fn health_check(&self, node: &Node, at: &FieldPath, port: u16, protocol: Protocol, conntrack: bool) -> Result<Option<HealthCheck>, ConfigError> {
+        let f = self.mapping(node, at, &["kind", "port", "path", "expect", "interval", "timeout", "rise", "fall", "via", "signals"])?;
         let kind = match self.choice(self.required(f, at, "kind")?, &at.key("kind"), &[("tcp", Some(CheckKind::Tcp)), ("http", Some(CheckKind::Http)), ("none", None)])? {
             None => return Ok(None),
             Some(k) => k,
@@ -75,7 +75,21 @@ impl Validator<'_> {
                 return Err(self.err(&at.key("port"), format!("a probe through the VIP goes to the service's own port ({port}), not {check_port}")));
             }
         }
-        Ok(Some(HealthCheck { kind, port: check_port, path, expect, interval, timeout, rise, fall, via }))
+        // Signals from real traffic: a tracked TCP service's, on unless turned off.
+        let signals = match Self::get(f, "signals") {
+            None => protocol == Protocol::Tcp && conntrack,
+            Some(n) => {
+                let on = match n {
+                    Node::Bool(b) => *b,
+                    n => self.choice(n, &at.key("signals"), &[("on", true), ("off", false)])?,
+                };
+                if on && (protocol != Protocol::Tcp || !conntrack) {
+                    return Err(self.err(&at.key("signals"), "signals come from tracked TCP connections: this service needs `protocol: tcp` and `conntrack: on`"));
+                }
+                on
+            }
+        };
+        Ok(Some(HealthCheck { kind, port: check_port, path, expect, interval, timeout, rise, fall, via, signals }))
     }
 
     /// `200`, or `200-399`.
@@ -115,6 +129,19 @@ mod tests {
         assert_eq!((dns.kind, dns.port, dns.expect, dns.interval.as_secs(), dns.timeout.as_secs()), (CheckKind::Tcp, 8053, (200, 399), 2, 1));
         assert_eq!(p.services[2].health_check, None);
         assert_eq!((web.via, dns.via), (ProbeVia::Backend, ProbeVia::Backend));
+        assert_eq!((web.signals, dns.signals), (true, false), "signals: on for a tracked TCP service, off for UDP");
+    }
+
+    #[test]
+    fn signals_need_a_tracked_tcp_service() {
+        let svc = |extra: &str| format!("services:\n  - name: web\n    vip: 10.0.0.1\n    port: 80\n{extra}    health_check: {{kind: tcp, signals: on}}\n    backends: [10.0.0.2]\n");
+        assert!(parse_str("p.yaml", &svc("")).expect("valid").services[0].health_check.as_ref().is_some_and(|c| c.signals));
+        let off = svc("").replace("signals: on", "signals: off");
+        assert!(!parse_str("p.yaml", &off).expect("valid").services[0].health_check.as_ref().is_some_and(|c| c.signals));
+        let e = parse_str("p.yaml", &svc("    conntrack: off\n")).expect_err("untracked").to_string();
+        assert!(e.contains("p.yaml:6") && e.contains("health_check.signals") && e.contains("conntrack: on"), "{e}");
+        let untracked = svc("    conntrack: off\n").replace(", signals: on", "");
+        assert!(!parse_str("p.yaml", &untracked).expect("valid").services[0].health_check.as_ref().is_some_and(|c| c.signals), "off by default there");
     }
 
     #[test]

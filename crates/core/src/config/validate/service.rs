@@ -53,7 +53,7 @@ impl Validator<'_> {
         let second_chance = self.second_chance(f, at, forward, protocol)?;
         let health_check = match Self::get(f, "health_check") {
             None => None,
-            Some(n) => self.health_check(n, &at.key("health_check"), port, protocol)?,
+            Some(n) => self.health_check(n, &at.key("health_check"), port, protocol, conntrack)?,
         };
         let agent = self.agent(f, at)?;
         let slow_start = self.slow_start(f, at)?;

@@ -1,0 +1,194 @@
+//! Signals from real traffic: what a tracked TCP service's clients betray of a backend that does
+//! not answer, and the rule that compares each backend with its service's others. Kernel-free:
+//! the data plane counts (crates/dataplane/src/bpf/conntrack_map.h, backend_signals), `lb
+//! attach` reads the counters once a second and feeds them here.
+//!
+//! The rule (docs/operating.md, "Signals from real traffic"): over the last [`WINDOW`] readings,
+//! a backend's *bad share* is its SYNs sent again plus its clients' early resets, per connection
+//! it was sent. A backend with at least [`MIN_SYNS`] connections is an outlier when its bad share
+//! is at least [`MIN_BAD`] and more than [`FACTOR`] times the lowest of its service's other
+//! backends' (those with enough connections to judge) plus [`MARGIN`]: it is compared with the
+//! best of its peers, so that several bad backends do not hide each other. Loss on the clients'
+//! side raises every backend's share alike and so makes no outlier; a backend alone, or one whose
+//! peers have too few connections to compare with, is never one. An outlier is only a suspect:
+//! the controller probes it through the VIP at once, and takes it out only when that fails too,
+//! never more than [`max_out`] of a service's backends.
+
+use std::collections::{HashMap, VecDeque};
+
+/// A backend's counters as the data plane keeps them (cumulative), or their growth over a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals {
+    /// Connections begun: a flow's first SYN sent to the backend.
+    pub syns: u64,
+    /// A SYN sent again on a flow not yet confirmed: its SYN-ACK never came.
+    pub syn_again: u64,
+    /// A client RST as a flow's second packet: it aborted the handshake.
+    pub reset_early: u64,
+}
+
+impl Signals {
+    /// The bad share: SYNs again and early resets per connection begun (0 with none begun).
+    pub fn bad_share(&self) -> f64 {
+        if self.syns == 0 {
+            return 0.0;
+        }
+        (self.syn_again + self.reset_early) as f64 / self.syns as f64
+    }
+
+    fn since(&self, earlier: &Signals) -> Signals {
+        Signals {
+            syns: self.syns.saturating_sub(earlier.syns),
+            syn_again: self.syn_again.saturating_sub(earlier.syn_again),
+            reset_early: self.reset_early.saturating_sub(earlier.reset_early),
+        }
+    }
+
+    /// Whether any counter went down since `earlier`: the counters were reset (the backend's id
+    /// given to another backend, a restart).
+    fn went_back(&self, earlier: &Signals) -> bool {
+        self.syns < earlier.syns || self.syn_again < earlier.syn_again || self.reset_early < earlier.reset_early
+    }
+}
+
+/// Readings in the window: the rule looks at the growth over the last this many (one a second).
+pub const WINDOW: usize = 5;
+/// Connections a backend must have begun in the window for its share to count.
+pub const MIN_SYNS: u64 = 20;
+/// The bad share below which no backend is an outlier, whatever its peers.
+pub const MIN_BAD: f64 = 0.2;
+/// How many times the best of its peers' bad shares an outlier's exceeds ...
+pub const FACTOR: f64 = 3.0;
+/// ... plus this.
+pub const MARGIN: f64 = 0.1;
+
+/// At most this many of a service's `n` backends are out by this rule at once: a third.
+pub fn max_out(n: usize) -> usize {
+    n / 3
+}
+
+/// Each backend's recent readings, keyed by whatever names a backend (service, identity).
+#[derive(Debug, Clone)]
+pub struct Window<K> {
+    readings: HashMap<K, VecDeque<Signals>>,
+}
+
+impl<K> Default for Window<K> {
+    fn default() -> Self {
+        Window { readings: HashMap::new() }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Window<K> {
+    /// Records a backend's cumulative counters as read now; a reading lower than the last starts
+    /// its window again.
+    pub fn record(&mut self, key: &K, now: Signals) {
+        let q = self.readings.entry(key.clone()).or_default();
+        if q.back().is_some_and(|last| now.went_back(last)) {
+            q.clear();
+        }
+        q.push_back(now);
+        while q.len() > WINDOW + 1 {
+            q.pop_front();
+        }
+    }
+
+    /// The growth over the window (nothing until two readings).
+    pub fn growth(&self, key: &K) -> Signals {
+        match self.readings.get(key) {
+            Some(q) if q.len() >= 2 => q.back().copied().unwrap_or_default().since(q.front().unwrap_or(&Signals::default())),
+            _ => Signals::default(),
+        }
+    }
+
+    /// The latest reading (cumulative), for the metrics.
+    pub fn latest(&self, key: &K) -> Option<Signals> {
+        self.readings.get(key).and_then(|q| q.back().copied())
+    }
+
+    /// Forgets the backends `keep` says no.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.readings.retain(|k, _| keep(k));
+    }
+}
+
+/// The outliers among one service's backends, given each one's growth over the window: their
+/// indices in `backends`.
+pub fn outliers(backends: &[Signals]) -> Vec<usize> {
+    let judged: Vec<usize> = (0..backends.len()).filter(|&i| backends[i].syns >= MIN_SYNS).collect();
+    let mut out = Vec::new();
+    for &i in &judged {
+        let Some(best) = judged.iter().filter(|&&j| j != i).map(|&j| backends[j].bad_share()).min_by(|a, b| a.total_cmp(b)) else {
+            continue;
+        };
+        let share = backends[i].bad_share();
+        if share >= MIN_BAD && share > FACTOR * best + MARGIN {
+            out.push(i);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(syns: u64, again: u64, resets: u64) -> Signals {
+        Signals { syns, syn_again: again, reset_early: resets }
+    }
+
+    #[test]
+    fn a_backend_that_never_answers_stands_out_from_its_peers() {
+        // b2's clients send every SYN twice or more; the others' never.
+        assert_eq!(outliers(&[s(100, 0, 0), s(100, 180, 0), s(200, 1, 0)]), vec![1]);
+        // Early resets count as much.
+        assert_eq!(outliers(&[s(100, 0, 0), s(100, 0, 60), s(200, 1, 0)]), vec![1]);
+    }
+
+    #[test]
+    fn loss_on_the_clients_side_raises_every_share_and_makes_no_outlier() {
+        // A quarter of every backend's SYN-ACKs lost on the way back: all alike.
+        assert!(outliers(&[s(100, 27, 0), s(100, 24, 0), s(200, 49, 0)]).is_empty());
+        // Even heavy loss, as long as all share it.
+        assert!(outliers(&[s(100, 90, 5), s(100, 110, 3), s(200, 180, 10)]).is_empty());
+    }
+
+    #[test]
+    fn too_few_connections_or_no_peer_to_compare_with_decide_nothing() {
+        // b2 fails everything but began only 10 connections in the window.
+        assert!(outliers(&[s(100, 0, 0), s(10, 30, 0), s(100, 0, 0)]).is_empty());
+        // Alone, or its peers too quiet to judge.
+        assert!(outliers(&[s(100, 200, 0)]).is_empty());
+        assert!(outliers(&[s(5, 0, 0), s(100, 200, 0)]).is_empty());
+        // A small share is no outlier, however far above a perfect peer.
+        assert!(outliers(&[s(100, 0, 0), s(100, 15, 0), s(100, 0, 0)]).is_empty());
+    }
+
+    #[test]
+    fn bad_backends_do_not_hide_each_other_and_the_limit_is_a_third() {
+        // Two bad of three: each is compared with the good one, and both stand out (the
+        // controller then takes out at most max_out(3) = 1).
+        assert_eq!(outliers(&[s(100, 0, 0), s(100, 200, 0), s(100, 200, 0)]), vec![1, 2]);
+        // All bad alike: no outlier (the service fails, not one backend).
+        assert!(outliers(&[s(100, 200, 0), s(100, 200, 0), s(100, 210, 0)]).is_empty());
+        assert_eq!((max_out(3), max_out(5), max_out(2), max_out(6)), (1, 1, 0, 2));
+    }
+
+    #[test]
+    fn the_window_holds_the_last_readings_and_restarts_on_a_reset() {
+        let mut w = Window::default();
+        let k = ("web", "b2");
+        assert_eq!(w.growth(&k), Signals::default(), "nothing before two readings");
+        for i in 0..=WINDOW as u64 + 3 {
+            w.record(&k, s(10 * i, 2 * i, 0));
+        }
+        assert_eq!(w.growth(&k), s(10 * WINDOW as u64, 2 * WINDOW as u64, 0), "the last {WINDOW} seconds' growth");
+        w.record(&k, s(5, 0, 0));
+        assert_eq!(w.growth(&k), Signals::default(), "a counter that went back starts over");
+        w.record(&k, s(25, 3, 1));
+        assert_eq!(w.growth(&k), s(20, 3, 1));
+        assert_eq!(w.latest(&k), Some(s(25, 3, 1)));
+        w.retain(|_| false);
+        assert_eq!(w.latest(&k), None);
+    }
+}

@@ -1,0 +1,64 @@
+//! The signals from real traffic in the metrics (crates/core/src/health/signals.rs), per
+//! watched backend: `lb_backend_signals_total{service,backend,signal}` (`syns`, `syn_again`,
+//! `reset_early`, as the data plane counts them) and `lb_backend_signal_out{service,backend}`
+//! (1 while the rule keeps it out); and the status page's words for them.
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use super::{family, BackendModel, Model};
+
+/// A watched backend's signals as last read, and whether they keep it out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendSignals {
+    pub counts: crate::health::signals::Signals,
+    pub out: bool,
+}
+
+fn watched(model: &Model) -> impl Iterator<Item = (Vec<(&'static str, String)>, BackendSignals)> + '_ {
+    model.services.iter().flat_map(|s| {
+        s.backends.iter().filter_map(move |b| b.signals.map(|x| (vec![("service", s.name.clone()), ("backend", b.identity.clone())], x)))
+    })
+}
+
+pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Result {
+    let counts = watched(model).flat_map(|(labels, x)| {
+        [("syns", x.counts.syns), ("syn_again", x.counts.syn_again), ("reset_early", x.counts.reset_early)].into_iter().map(move |(name, n)| {
+            let mut l = labels.clone();
+            l.push(("signal", name.to_string()));
+            (l, ConstCounter::new(n))
+        })
+    });
+    family(
+        encoder,
+        "lb_backend_signals",
+        "What tracked TCP clients betray of each watched backend: syns (connections begun), syn_again (a SYN sent again before the flow was confirmed: its SYN-ACK never came), reset_early (a client RST as a flow's second packet: it aborted the handshake)",
+        MetricType::Counter,
+        counts,
+    )?;
+    family(
+        encoder,
+        "lb_backend_signal_out",
+        "1 while a backend is out because its signals stood out from its service's others and its probe through the VIP failed",
+        MetricType::Gauge,
+        watched(model).map(|(l, x)| (l, ConstGauge::new(x.out as i64))),
+    )
+}
+
+/// The status page's words: `12 SYNs again, 0 resets of 40 connections; out`.
+pub(super) fn words(b: &BackendModel) -> String {
+    match b.signals {
+        None => "not watched".to_string(),
+        Some(x) => format!(
+            "{} SYNs again, {} resets of {} connections{}",
+            x.counts.syn_again,
+            x.counts.reset_early,
+            x.counts.syns,
+            if x.out { "; out" } else { "" }
+        ),
+    }
+}
