@@ -112,15 +112,19 @@ impl HealthChecks {
     /// value: the metrics have news).
     pub(super) fn schedule(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> (Option<Instant>, bool) {
         if self.probes_due.is_some_and(|due| now >= due) {
-            self.open_path(pool, dp, ifc);
+            self.open_path(pool, dp, ifc, false);
             self.probes_due = self.submit_due(now, pool, dp, ifc);
         }
         if !pool.services.iter().any(signals::watched) {
             return (self.probes_due, false);
         }
-        self.open_path(pool, dp, ifc);
+        let read = self.signals.read_due(now, pool, dp);
+        // The way out is set up only once a suspect needs it.
+        if self.signals.has_suspects() {
+            self.open_path(pool, dp, ifc, true);
+        }
         let path = &self.path;
-        let (next, read) = self.signals.tick(now, pool, dp, |s, b| vip_target(path, pool, s, b, dp, ifc));
+        let next = self.signals.probe_due(now, pool, |s, b| vip_target(path, pool, s, b, dp, ifc));
         (Some(self.probes_due.map_or(next, |d| d.min(next))), read)
     }
 
@@ -134,9 +138,10 @@ impl HealthChecks {
         self.signals.of(key)
     }
 
-    /// Sets up the way out of probes through the VIP the first time a check asks for it.
-    fn open_path(&mut self, pool: &Pool, dp: &Balancer, ifc: &Interface) {
-        let wanted = pool.services.iter().any(|s| s.health_check.as_ref().is_some_and(|c| c.via == ProbeVia::Vip) || signals::watched(s));
+    /// Sets up the way out of probes through the VIP the first time a check asks for it, or
+    /// (`suspects`) the signals have a suspect to probe.
+    fn open_path(&mut self, pool: &Pool, dp: &Balancer, ifc: &Interface, suspects: bool) {
+        let wanted = suspects || pool.services.iter().any(|s| s.health_check.as_ref().is_some_and(|c| c.via == ProbeVia::Vip));
         if !wanted || self.path.is_some() {
             return;
         }

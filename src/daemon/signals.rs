@@ -71,16 +71,25 @@ impl Outliers {
         self.window.latest(key).map(|s| (s, self.suspects.get(key).is_some_and(|x| x.out)))
     }
 
-    /// Reads the counters when a second has passed, judges each watched service, and queues the
-    /// probes through the VIP that are due; `target` says where a backend's goes. Returns when to
-    /// come back, and whether counters were read (for the metrics).
-    pub(super) fn tick(&mut self, now: Instant, pool: &Pool, dp: &Balancer, target: impl Fn(&Service, &lb::config::Backend) -> Result<Target, Failure>) -> (Instant, bool) {
-        let mut read = false;
-        if now >= self.next_tick {
-            self.next_tick = now + TICK;
-            read = true;
-            self.read(pool, dp);
+    /// Reads the counters when a second has passed and judges each watched service; true when it
+    /// did (the metrics have news).
+    pub(super) fn read_due(&mut self, now: Instant, pool: &Pool, dp: &Balancer) -> bool {
+        if now < self.next_tick {
+            return false;
         }
+        self.next_tick = now + TICK;
+        self.read(pool, dp);
+        true
+    }
+
+    pub(super) fn has_suspects(&self) -> bool {
+        !self.suspects.is_empty()
+    }
+
+    /// Queues the probes through the VIP that are due; `target` says where a backend's goes, or
+    /// why it cannot be sent: then it is not probed, and stays (a probe that was never sent
+    /// proves nothing). Returns when to come back.
+    pub(super) fn probe_due(&mut self, now: Instant, pool: &Pool, target: impl Fn(&Service, &lb::config::Backend) -> Result<Target, Failure>) -> Instant {
         let mut next = self.next_tick;
         for s in pool.services.iter().filter(|s| watched(s)) {
             let Some(check) = &s.health_check else { continue };
@@ -88,15 +97,25 @@ impl Outliers {
                 let key = (s.name.clone(), b.identity());
                 let Some(x) = self.suspects.get_mut(&key) else { continue };
                 if x.next_probe <= now {
-                    let (t, c) = (target(s, b), check.clone());
-                    if self.prober.submit(key.clone(), move || t.and_then(|t| probe(&t, &c))) {
-                        x.next_probe = now + check.interval;
+                    x.next_probe = now + check.interval;
+                    match target(s, b) {
+                        Ok(t) => {
+                            let c = check.clone();
+                            if !self.prober.submit(key.clone(), move || probe(&t, &c)) {
+                                x.next_probe = now;
+                            }
+                        }
+                        Err(f) if !x.held => {
+                            x.held = true;
+                            log(format!("signals: {} backend {} cannot be probed through the VIP ({}): it stays", s.name, label_of(pool, &key.0, &key.1), f.reason));
+                        }
+                        Err(_) => {}
                     }
                 }
                 next = next.min(x.next_probe);
             }
         }
-        (next, read)
+        next
     }
 
     /// One reading of every watched backend's counters, and the new suspects it makes.
