@@ -1001,11 +1001,16 @@ fn root_the_probes_egress_program_touches_only_marked_packets_and_sends_them_now
     let (verdict, _, _) = dp.test_run_probe(&ipv4_simple(v4(SRC4), v4("10.99.0.100"), L4::syn(40000, 81)), a1).expect("run");
     assert_eq!(verdict, TCX_DROP, "a probe to no service");
     assert_eq!(stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND), before + 1, "counted as no_backend");
-    // An id with no backend record: dropped as no_mac.
-    let before = stat(&dp, types::lb_stat::LB_DROP_NO_MAC);
+    // A backend of another service (gue4's g1 named on ipip4's port): dropped, never sent there.
+    let before = stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND);
+    let g1 = 0x4c42_0000 | backend_id(&dp, "gue4", "g1");
+    assert_eq!(dp.test_run_probe(&to_vip, g1).expect("run").0, TCX_DROP, "a mark naming another service's backend");
+    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND), before + 1, "counted as no_backend");
+    // An id with no backend record: dropped.
+    let before = stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND);
     let (verdict, _, _) = dp.test_run_probe(&to_vip, 0x4c42_fff0).expect("run");
     assert_eq!(verdict, TCX_DROP, "a probe for an id nobody holds");
-    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_NO_MAC), before + 1, "counted as no_mac");
+    assert_eq!(stat(&dp, types::lb_stat::LB_DROP_NO_BACKEND), before + 1, "counted as no_backend");
     // UDP, or a truncated header: not a probe lb makes.
     let before = stat(&dp, types::lb_stat::LB_DROP_MALFORMED);
     let udp = ipv4_simple(v4(SRC4), v4("10.99.0.100"), L4::Udp { sport: 40000, dport: 80 });

@@ -29,7 +29,29 @@ services:
     forward: $fwd
     health_check: $HP_CHECK, $check}
     backends: [$list]
+${HP_WEB6:-}
 EOF
+}
+
+# Every web6 backend that went down is up again.
+hp_web6_settled() {
+    local b
+    for b in b1 b2 b3; do
+        [ "$(grep -c "web6 backend $b .* is down" "$WORK/lb.log" || true)" = "$(grep -c "web6 backend $b .* is up" "$WORK/lb.log" || true)" ] || return 1
+    done
+}
+
+# HP_WEB6 for a topology whose backend i has the IPv6 address HEAD i TAIL: web6 on the IPv6
+# VIP, HTTP health on 8081 through the VIP.
+hp_web6() { # FORWARD HEAD TAIL
+    local i list=""
+    for i in 1 2 3; do list+="${list:+, }{address: '$2$i$3', name: b$i}"; done
+    HP_WEB6="  - name: web6
+    vip: $TOPO_VIP6
+    port: 8081
+    forward: $1
+    health_check: {kind: http, path: /healthz, interval: ${HP_INTERVAL_MS}ms, timeout: 250ms, rise: 2, fall: 2, via: vip, signals: off}
+    backends: [$list]"
 }
 
 # A round of 300 new connections from the client, on source ports no round used before (the
@@ -43,10 +65,10 @@ hp_round() { # NAME SOURCES
     HP_FAILED=$(grep -c ' FAIL ' "$WORK/$1" || true)
 }
 
-# b2's breakage NAME, or its repair (REPAIR=1), in the topology TOPO (l2: the bridge; gue: the
-# routed one, whose router is $PREFIX-router).
-hp_break() { # TOPO NAME MODE [REPAIR]
-    local topo=$1 what=$2 mode=$3 repair=${4:-} b2="$PREFIX-b2"
+# Backend I's (b2's by default) breakage NAME, or its repair (REPAIR=1), in the topology TOPO
+# (l2: the bridge; gue: the routed one, whose router is $PREFIX-router).
+hp_break() { # TOPO NAME MODE [REPAIR] [I]
+    local topo=$1 what=$2 mode=$3 repair=${4:-} b2="$PREFIX-b${5:-2}"
     case "$what/$repair" in
         decap/) kill "$(cat "/tmp/$PREFIX-b2.decap.pid")" ;;
         decap/1)
@@ -102,15 +124,23 @@ test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
         topo_routed_up "$PREFIX" 3 "$mode" || fail "routed topology"
         sources=$TOPO_RCLIENTS4 b2addr=10.97.2.2 breakages="decap vip firewall synack"
         set -- b1 10.97.1.2 b2 10.97.2.2 b3 10.97.3.2
+        hp_web6 gue fd97: ::2
     else
         topo_up "$PREFIX" 3 "$mode" || fail "topology"
         sources=$TOPO_CLIENTS4 b2addr=10.99.0.12 breakages="vip firewall synack"
         set -- b1 10.99.0.11 b2 10.99.0.12 b3 10.99.0.13
+        hp_web6 l2 fd99::1 ""
     fi
     local fwd=$topo
     # Signals off: this test is about probes alone (signals have the test below).
     hp_pool "$WORK/pool.yaml" "$fwd" "via: backend, signals: off" "$@"
     start_lb "$mode"
+    # web6's probes through the IPv6 VIP may fail for a moment at start in generic mode (noticed,
+    # not understood: docs/operating.md): from when every backend is up on, none may fail.
+    sleep 2
+    wait_until 100 0.05 hp_web6_settled || fail "web6's backends did not all come up"
+    local web6_start
+    web6_start=$(grep -c "web6 backend b[13] .* is down" "$WORK/lb.log" || true)
     for what in $breakages; do
         n=$((n + 1))
         hp_break "$topo" "$what" "$mode"
@@ -124,7 +154,7 @@ test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
         hp_pool "$WORK/pool.yaml" "$fwd" "via: vip, signals: off" "$@"
         wait_log "web backend b2 $b2addr is down after 2 failed probes (through the VIP: " "$n"
         t1=$(date +%s%N)
-        wait_log "health: applied in" "$((2 * n - 1))"
+        wait_log "web changed (b2 active -> down" "$n"
         # Three intervals, and the reload's own debounce (50 ms) and scheduling.
         [ $(((t1 - t0) / 1000000)) -le $((3 * HP_INTERVAL_MS + 300)) ] || fail "$what: b2 left $(((t1 - t0) / 1000000)) ms after the switch"
         hp_round "vip-$what" "$sources"
@@ -134,16 +164,25 @@ test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
         # Repaired: b2 comes back and serves again.
         hp_break "$topo" "$what" "$mode" 1
         wait_log "web backend b2 $b2addr is up after 2 good probes" "$n"
-        wait_log "health: applied in" "$((2 * n))"
+        wait_log "web changed (b2 down -> active" "$n"
         hp_round "back-$what" "$sources"
         failed=$HP_FAILED
         [ "$failed" -le 3 ] || fail "$what: $failed of 300 connections failed after the repair"
         grep -q ' b2$' "$WORK/back-$what" || fail "$what: b2 is back but gets no connection"
+        if [ "$what" = decap ]; then
+            # Its decap stopped, b2 failed IPv6 too: web6's HTTP probes through the VIP saw it.
+            wait_log "web6 backend b2 fd97:2::2 is down after 2 failed probes (through the VIP: " 1
+            wait_log "web6 backend b2 fd97:2::2 is up after 2 good probes" 1
+        fi
         summary+="; $what: $control/300 failed plainly probed, out in $(((t1 - t0) / 1000000)) ms through the VIP, then $failed/300"
         hp_pool "$WORK/pool.yaml" "$fwd" "via: backend, signals: off" "$@"
         wait_log "reload (file changed): .* applied in" "$((2 * n))"
     done
-    say "${summary#; }"
+    # web6 (HTTP through the IPv6 VIP) saw b1 and b3 healthy throughout.
+    [ "$(grep -c "web6 backend b[13] .* is down" "$WORK/lb.log" || true)" = "$web6_start" ] || fail "web6: a healthy backend failed its HTTP probe through the IPv6 VIP"
+    [ "$web6_start" = 0 ] || summary+="; web6: $web6_start backends down for a moment at start"
+    grep -q "service web6: " "$WORK/lb.log" || fail "web6 was not installed"
+    say "${summary#; }; web6's HTTP probes through the IPv6 VIP: b1, b3 healthy throughout"
 }
 
 # lb's /metrics and status page (--metrics 127.0.0.1:9100) into FILE.
@@ -154,16 +193,17 @@ hp_scrape() { # FILE [PATH]
 # Signals from real traffic, under a steady stream of new connections and plain probes (which
 # b2's own address passes throughout): loss on the clients' side takes no backend out; with
 # `signals: off` (the control) b2, its SYN-ACKs from the VIP dropped, stays in and its share of
-# connections fails; with signals on it stands out, fails through the VIP too and is out; a
-# second broken backend (b3) stands out too but stays, a third being the limit; repaired, both
-# are back.
+# connections fails; with signals on it stands out and fails through the VIP, but while lb's
+# host drops the VIP's answers its peer fails too and nobody goes out; once they pass, b2 is
+# out; a second broken backend (b3) stands out too but stays, a third being the limit;
+# repaired, both are back.
 test_health_signals_take_out_what_plain_probes_miss() { # MODE
     local mode=$1 t0 t1 n
     setup "$mode"
     set -- b1 10.99.0.11 b2 10.99.0.12 b3 10.99.0.13
     hp_pool "$WORK/pool.yaml" l2 "via: backend" "$@"
     start_lb "$mode" --metrics 127.0.0.1:9100
-    CHURN_COUNT=20 CHURN_TIMEOUT_MS=500 churn_start
+    CHURN_COUNT=40 CHURN_TIMEOUT_MS=300 churn_start
 
     # Loss on the clients' side: a fifth of what the VIP sends them dropped, for every backend.
     ip netns exec "$PREFIX-client" nft -f - <<NFT || fail "nft"
@@ -176,7 +216,7 @@ table inet loss {
 NFT
     sleep 7
     ip netns exec "$PREFIX-client" nft delete table inet loss
-    if grep -q "signals: " "$WORK/lb.log"; then cat "$WORK/lb.log" >&2; fail "loss on the clients' side made a suspect"; fi
+    if grep -q "signals: " "$WORK/lb.log"; then fail "loss on the clients' side made a suspect: $(grep "signals: " "$WORK/lb.log" | head -3)"; fi
     hp_scrape "$WORK/m0"
     local again1
     again1=$(awk '$1 == "lb_backend_signals_total{service=\"web\",backend=\"b1\",signal=\"syn_again\"}" {print $2}' "$WORK/m0")
@@ -192,11 +232,26 @@ NFT
     local control=$HP_FAILED
     [ "$control" -ge 30 ] || fail "only $control of 300 connections failed with b2 broken and no signals"
 
-    # Signals on: b2 stands out, fails through the VIP, and is out.
-    t0=$(date +%s%N)
+    # Signals on, while lb's own host drops what the VIP answers it: b2 stands out and fails
+    # through the VIP, but so does its peer (the control), so the way through the VIP is at
+    # fault: nobody goes out.
+    ip netns exec "$PREFIX-lb" nft -f - <<NFT || fail "nft"
+table inet hp {
+    chain in {
+        type filter hook input priority 0;
+        ip saddr 10.99.0.100 tcp sport 80 drop
+    }
+}
+NFT
     sed -i 's/, signals: off}/}/' "$WORK/pool.yaml"
     wait_log "signals: web backend b2 10.99.0.12 stands out" 1
-    wait_log "signals: web backend b2 10.99.0.12 fails through the VIP too (through the VIP: timeout): out (1 of 3" 1
+    wait_log "signals: web's peer b1 10.99.0.11 fails through the VIP too (through the VIP: timeout): the way through the VIP is at fault, not its suspects; none goes out" 1
+    sleep 1
+    if grep -q "): out (" "$WORK/lb.log"; then fail "a suspect went out while its peer failed through the VIP too"; fi
+    # The way through the VIP works again: b2 fails it alone, and is out.
+    t0=$(date +%s%N)
+    ip netns exec "$PREFIX-lb" nft delete table inet hp
+    wait_log "signals: web backend b2 10.99.0.12 fails through the VIP too (through the VIP: timeout, [0-9]* in a row; its peer passes): out (1 of 3" 1
     t1=$(date +%s%N)
     wait_log "health: applied in" 1
     hp_round out "$TOPO_CLIENTS4"
@@ -211,20 +266,13 @@ NFT
     grep -q '<td class="signals">[0-9]* SYNs again, [0-9]* resets of [0-9]* connections; out</td>' "$WORK/page.html" || fail "the status page does not show b2's signals"
 
     # b3 broken too: it stands out and fails through the VIP, but a third of three is out.
-    ip netns exec "$PREFIX-b3" nft -f - <<NFT || fail "nft"
-table inet hp {
-    chain from_vip {
-        type filter hook output priority 0;
-        ip saddr 10.99.0.100 tcp flags & (syn | ack) == syn | ack drop
-    }
-}
-NFT
+    hp_break l2 synack "$mode" "" 3
     wait_log "signals: web backend b3 10.99.0.13 fails through the VIP too (through the VIP: timeout), but 1 of 3 are out by this rule already (at most a third): it stays" 1
     [ "$(grep -c "): out (" "$WORK/lb.log")" -eq 1 ] || fail "more than a third out by signals"
 
     # Repaired: both pass through the VIP; b2 is back, b3 no longer a suspect.
     hp_break l2 synack "$mode" 1
-    ip netns exec "$PREFIX-b3" nft delete table inet hp
+    hp_break l2 synack "$mode" 1 3
     wait_log "signals: web backend b2 10.99.0.12 passes 2 probes through the VIP in a row: back" 1
     wait_log "signals: web backend b3 10.99.0.13 passes 2 probes through the VIP in a row: no longer a suspect" 1
     wait_log "health: applied in" 2
@@ -233,5 +281,5 @@ NFT
     [ "$HP_FAILED" -le 3 ] || fail "$HP_FAILED of 300 connections failed after the repair"
     grep -q ' b2$' "$WORK/back" || fail "b2 is back but gets no connection"
     if grep -q "plain probes\|is down after" "$WORK/lb.log"; then fail "a plain probe failed"; fi
-    say "clients' loss: no suspect (b1's SYNs again: $again1); signals off: $control/300 failed; on: b2 out in $(((t1 - t0) / 1000000)) ms, then $(grep -c FAIL "$WORK/out" || true)/300; b3 broken too stayed in (a third); repaired: both back"
+    say "clients' loss: no suspect (b1's SYNs again: $again1); signals off: $control/300 failed; on, lb's host dropping the VIP's answers: b2 a suspect, its peer failing too, nobody out; the way back: b2 out in $(((t1 - t0) / 1000000)) ms, then $(grep -c FAIL "$WORK/out" || true)/300; b3 broken too stayed in (a third); repaired: both back"
 }

@@ -40,6 +40,11 @@ fn vip_target(path: &Option<Result<ProbePath, String>>, pool: &Pool, s: &Service
         .and_then(|l| l.backends.iter().find(|lb| lb.identity == identity))
         .map(|lb| lb.id)
         .ok_or_else(|| fail("the backend is not installed yet".into()))?;
+    // The data plane drops a probe to a backend whose MAC it does not know yet (at start, say):
+    // such a probe is not sent, and says nothing of the backend.
+    if dp.mac(dp.neighbour_of(b.address)).is_none() {
+        return Err(Failure { local: true, ..fail("the backend's MAC is not resolved yet".into()) });
+    }
     // The interface's own address, which the backend answers: not a VIP (one that the host
     // holds there), not link-local.
     let source = ifc
@@ -58,8 +63,17 @@ fn link_local(a: &IpAddr) -> bool {
     }
 }
 
+/// How long after a failure to set up the way through the VIP it is tried again.
+const PATH_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Health probes running at once, at most.
 const PROBE_WORKERS: usize = 16;
+
+/// What a refused reload puts back: the checks' health and the signals' state.
+pub(super) struct Kept {
+    map: HealthMap,
+    signals: super::signals::Kept,
+}
 
 pub(super) struct HealthChecks {
     map: HealthMap,
@@ -75,6 +89,8 @@ pub(super) struct HealthChecks {
     /// The way out of probes through the VIP, set up when a check first asks for it (None:
     /// none has), or why it could not be.
     path: Option<Result<ProbePath, String>>,
+    /// When setting it up last failed.
+    path_failed_at: Option<Instant>,
     /// Signals from real traffic, and the backends they took out (signals.rs).
     signals: Outliers,
 }
@@ -97,6 +113,7 @@ impl HealthChecks {
             failing_open: Vec::new(),
             recovered: Vec::new(),
             path: None,
+            path_failed_at: None,
             signals: Outliers::new()?,
         })
     }
@@ -108,24 +125,23 @@ impl HealthChecks {
     /// Queues the probes that are due, scanning every checked backend only when one is (not on
     /// every wake-up of the loop); returns when the next one is.
     /// `dp` and `ifc`: where probes through the VIP leave, and the backends' ids they carry.
-    /// Also reads the signals from real traffic when a second has passed (true in the second
-    /// value: the metrics have news).
-    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> (Option<Instant>, bool) {
+    /// Also reads the signals from real traffic when a second has passed.
+    pub(super) fn schedule(&mut self, now: Instant, pool: &Pool, dp: &Balancer, ifc: &Interface) -> Option<Instant> {
         if self.probes_due.is_some_and(|due| now >= due) {
             self.open_path(pool, dp, ifc, false);
             self.probes_due = self.submit_due(now, pool, dp, ifc);
         }
         if !pool.services.iter().any(signals::watched) {
-            return (self.probes_due, false);
+            return self.probes_due;
         }
-        let read = self.signals.read_due(now, pool, dp);
+        self.signals.read_due(now, pool, dp);
         // The way out is set up only once a suspect needs it.
         if self.signals.has_suspects() {
             self.open_path(pool, dp, ifc, true);
         }
         let path = &self.path;
         let next = self.signals.probe_due(now, pool, |s, b| vip_target(path, pool, s, b, dp, ifc));
-        (Some(self.probes_due.map_or(next, |d| d.min(next))), read)
+        Some(self.probes_due.map_or(next, |d| d.min(next)))
     }
 
     /// The signals' probes' descriptor: readable when their results arrived.
@@ -142,10 +158,17 @@ impl HealthChecks {
     /// (`suspects`) the signals have a suspect to probe.
     fn open_path(&mut self, pool: &Pool, dp: &Balancer, ifc: &Interface, suspects: bool) {
         let wanted = suspects || pool.services.iter().any(|s| s.health_check.as_ref().is_some_and(|c| c.via == ProbeVia::Vip));
-        if !wanted || self.path.is_some() {
+        // Once set up it stays; a failure is tried again after PATH_RETRY (the interface may
+        // have been down, say).
+        let retry = self.path_failed_at.is_some_and(|at| at.elapsed() >= PATH_RETRY);
+        if !wanted || (self.path.is_some() && !retry) {
             return;
         }
-        let path = dp.open_probe_path(ifc.ifindex, &ifc.name, ifc.mac).map_err(|e| format!("{e:#}"));
+        // accept_local only where a VIP is one of the host's own addresses: only then does IPv4
+        // take the answers for martians.
+        let local_vip = pool.services.iter().any(|s| lb_dataplane::link::owner_of(s.vip).is_some());
+        let path = dp.open_probe_path(ifc.ifindex, &ifc.name, ifc.mac, local_vip).map_err(|e| format!("{e:#}"));
+        self.path_failed_at = path.is_err().then(Instant::now);
         match &path {
             Ok(p) => {
                 let rule = format!("fwmark 0x{:x}/0xffff0000 oif {} lookup {}", probe_path::mark(0), ifc.name, probe_path::table(ifc.ifindex));
@@ -157,7 +180,7 @@ impl HealthChecks {
                     log(format!("health: {w}"));
                 }
             }
-            Err(e) => log(format!("health: probes through the VIP cannot be sent ({e}); each of them fails")),
+            Err(e) => log(format!("health: probes through the VIP cannot be sent ({e}); each of them fails until it can (tried again every {} s)", PATH_RETRY.as_secs())),
         }
         self.path = Some(path);
     }
@@ -179,8 +202,14 @@ impl HealthChecks {
                 let key = (s.name.clone(), b.identity());
                 let due = *self.next_probe.entry(key.clone()).or_insert(now);
                 let due = if due <= now {
-                    let (target, c) = (self.target(pool, s, b, check, dp, ifc), check.clone());
-                    let _ = self.prober.submit(key.clone(), move || target.and_then(|t| probe(&t, &c)));
+                    match self.target(pool, s, b, check, dp, ifc) {
+                        // Not sent yet (its MAC is being resolved): no result either way.
+                        Err(f) if f.local => {}
+                        target => {
+                            let c = check.clone();
+                            let _ = self.prober.submit(key.clone(), move || target.and_then(|t| probe(&t, &c)));
+                        }
+                    }
                     let again = now + check.interval;
                     self.next_probe.insert(key, again);
                     again
@@ -293,8 +322,8 @@ impl HealthChecks {
     /// A new pool is being applied: the health of backends that stay is kept, new ones start
     /// healthy and are probed at once. Returns the health as it was, for [`HealthChecks::restore`]
     /// when the pool is refused.
-    pub(super) fn renew(&mut self, pool: &Pool) -> HealthMap {
-        let kept = self.map.clone();
+    pub(super) fn renew(&mut self, pool: &Pool) -> Kept {
+        let kept = Kept { map: self.map.clone(), signals: self.signals.keep() };
         health::retain(&mut self.map, pool);
         self.signals.renew(pool);
         self.probes_due = Some(Instant::now());
@@ -304,8 +333,18 @@ impl HealthChecks {
         kept
     }
 
-    pub(super) fn restore(&mut self, kept: HealthMap) {
-        self.map = kept;
+    pub(super) fn restore(&mut self, kept: Kept) {
+        self.map = kept.map;
+        self.signals.restore(kept.signals);
+    }
+
+    /// A backend's state in words: its check's, or that its signals took it out.
+    fn describe(&self, key: &Key) -> String {
+        match self.map.get(key) {
+            Some(h) if !h.healthy => h.describe(),
+            _ if self.signals.out().contains(key) => "down (signals, and failing through the VIP)".to_string(),
+            h => h.map_or("healthy".to_string(), |h| h.describe()),
+        }
     }
 
     /// `web: b1 10.0.0.1 healthy, b2 10.0.0.2 down (timeout)` for every checked service.
@@ -316,8 +355,7 @@ impl HealthChecks {
                 .backends
                 .iter()
                 .map(|b| {
-                    let h = self.map.get(&(s.name.clone(), b.identity())).map_or("healthy".to_string(), |h| h.describe());
-                    format!("{} {h}", backend_label(b))
+                    format!("{} {}", backend_label(b), self.describe(&(s.name.clone(), b.identity())))
                 })
                 .collect();
             out.push(format!("{}: {}", s.name, states.join(", ")));
@@ -330,8 +368,7 @@ impl HealthChecks {
         for s in snap.services.iter_mut() {
             if pool.service(&s.name).is_some_and(|c| c.health_check.is_some()) {
                 for b in s.backends.iter_mut() {
-                    let h = self.map.get(&(s.name.clone(), b.label.clone()));
-                    b.health = Some(h.map_or("healthy".to_string(), |h| h.describe()));
+                    b.health = Some(self.describe(&(s.name.clone(), b.label.clone())));
                 }
             }
         }

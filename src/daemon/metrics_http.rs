@@ -190,8 +190,16 @@ struct Scrape {
 }
 
 impl Scrape {
+    /// The model as last published, with each watched backend's signals read now (they grow
+    /// with every connection: read at scrape time, like the traffic, not published each second).
     fn model(&self) -> Model {
-        self.model.lock().map(|m| m.clone()).unwrap_or_default()
+        let mut m = self.model.lock().map(|m| m.clone()).unwrap_or_default();
+        for b in m.services.iter_mut().flat_map(|s| s.backends.iter_mut()) {
+            if let (Some(x), Ok(now)) = (b.signals.as_mut(), self.maps.signals(b.id)) {
+                x.counts = now;
+            }
+        }
+        m
     }
 
     fn flow_entries(&self) -> Option<u64> {

@@ -98,11 +98,14 @@ impl<T: Send + 'static> Prober<T> {
 pub(super) struct Failure {
     pub(super) outcome: Outcome,
     pub(super) reason: String,
+    /// The host's own error before anything was sent (a socket option refused, no route, no
+    /// such address): it says nothing of the backend.
+    pub(super) local: bool,
 }
 
 impl Failure {
     pub(super) fn new(outcome: Outcome, reason: impl Into<String>) -> Failure {
-        Failure { outcome, reason: reason.into() }
+        Failure { outcome, reason: reason.into(), local: false }
     }
 }
 
@@ -153,7 +156,8 @@ fn connect_marked(addr: SocketAddr, source: IpAddr, mark: u32, ifname: &str, tim
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
     let deadline = Instant::now() + timeout;
-    let os = |e: nix::errno::Errno| describe(std::io::Error::from(e));
+    // Anything that fails before the SYN leaves is the host's own doing.
+    let os = |e: nix::errno::Errno| Failure { local: true, ..describe(std::io::Error::from(e)) };
     let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None).map_err(os)?;
     socket::setsockopt(&fd, sockopt::Mark, &mark).map_err(os)?;

@@ -48,10 +48,7 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         let now = Instant::now();
         let mut wake = next_refresh.min(next_recheck).min(next_tick).min(next_sweep);
         // The probes that are due are queued here, before the wait.
-        let (probes, signals_read) = d.health.schedule(now, &d.configured, &d.dp, &d.ifc);
-        if signals_read {
-            d.publish();
-        }
+        let probes = d.health.schedule(now, &d.configured, &d.dp, &d.ifc);
         let health = d.health.map();
         let asks = d.agents.schedule(&d.configured, |k| health.get(k).is_some_and(|h| !h.healthy));
         for t in [stats.next(), debounce.due(), probes, asks].into_iter().flatten() {

@@ -1,10 +1,14 @@
 //! Signals from real traffic in `lb attach` (docs/operating.md, "Signals from real traffic"):
 //! once a second, each checked tracked TCP service's backends' counters are read from the data
 //! plane and judged by lb::health::signals; an outlier becomes a suspect, probed through the VIP
-//! at once and then every check interval, on threads of its own (so that a regular probe in
-//! flight never holds it up). A suspect whose probe through the VIP fails is out, unless a third
-//! of its service's backends are out by this rule already; it is back, and no longer a suspect,
-//! after `rise` good probes in a row.
+//! at once and then every check interval (a TCP connect to the service's port, or the check
+//! itself where it is `via: vip`), on threads of its own, together with one of its peers that is
+//! no suspect (the control). A suspect is out after `fall` failed probes in a row, and only while
+//! the control passes (a way through the VIP that fails for everyone is the path's fault, not the
+//! suspect's), and only while fewer than a third of its service's backends are out by this rule.
+//! A probe that could not be sent (no way out, the host's own socket error) proves nothing and
+//! counts for nothing. A suspect is back, and no longer one, after `rise` good probes in a row;
+//! then it cannot be one again for a window's length.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -13,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use lb::balancer::Balancer;
-use lb::config::{Pool, Service};
+use lb::config::{CheckKind, Pool, Service};
 use lb::health::signals::{self, Signals, Window};
 
 use super::describe::label_of;
@@ -29,18 +33,38 @@ const WORKERS: usize = 4;
 #[derive(Debug, Clone)]
 struct Suspect {
     next_probe: Instant,
-    /// Good probes through the VIP in a row.
+    /// Good probes through the VIP in a row, and failed ones.
     successes: u32,
-    /// Out by this rule (its probe through the VIP failed, and the limit allowed it).
+    failures: u32,
+    /// Out by this rule.
     out: bool,
-    /// Held in by the limit: said once.
-    held: bool,
+    /// What was said once: held in by the limit, or by a failing control; a probe not sent.
+    said_held: bool,
+    said_unsent: bool,
+}
+
+/// The control of a service's suspects: the last probe through the VIP of a peer that is no
+/// suspect.
+#[derive(Debug, Clone, Default)]
+struct Control {
+    passed: Option<bool>,
+    said_failing: bool,
+}
+
+/// What a refused reload puts back.
+pub(super) struct Kept {
+    window: Window<Key>,
+    suspects: HashMap<Key, Suspect>,
+    dismissed: HashMap<Key, Instant>,
 }
 
 pub(super) struct Outliers {
     window: Window<Key>,
     prober: Prober<Result<(), Failure>>,
     suspects: HashMap<Key, Suspect>,
+    controls: HashMap<String, Control>,
+    /// Suspects cleared, and when: not suspects again for a window's length.
+    dismissed: HashMap<Key, Instant>,
     next_tick: Instant,
 }
 
@@ -51,6 +75,11 @@ impl AsFd for Outliers {
     }
 }
 
+/// The prober's key of a service's control probe (a service name never holds a NUL).
+fn control_key(service: &str, peer: &str) -> Key {
+    (format!("{service}\0control"), peer.to_string())
+}
+
 /// Whether the rule watches service `s`.
 pub(super) fn watched(s: &Service) -> bool {
     s.health_check.as_ref().is_some_and(|c| c.signals)
@@ -58,7 +87,14 @@ pub(super) fn watched(s: &Service) -> bool {
 
 impl Outliers {
     pub(super) fn new() -> Result<Outliers> {
-        Ok(Outliers { window: Window::default(), prober: Prober::new(WORKERS)?, suspects: HashMap::new(), next_tick: Instant::now() + TICK })
+        Ok(Outliers {
+            window: Window::default(),
+            prober: Prober::new(WORKERS)?,
+            suspects: HashMap::new(),
+            controls: HashMap::new(),
+            dismissed: HashMap::new(),
+            next_tick: Instant::now() + TICK,
+        })
     }
 
     /// The backends out by this rule.
@@ -71,48 +107,65 @@ impl Outliers {
         self.window.latest(key).map(|s| (s, self.suspects.get(key).is_some_and(|x| x.out)))
     }
 
-    /// Reads the counters when a second has passed and judges each watched service; true when it
-    /// did (the metrics have news).
-    pub(super) fn read_due(&mut self, now: Instant, pool: &Pool, dp: &Balancer) -> bool {
-        if now < self.next_tick {
-            return false;
+    /// Reads the counters when a second has passed, and judges each watched service.
+    pub(super) fn read_due(&mut self, now: Instant, pool: &Pool, dp: &Balancer) {
+        if now >= self.next_tick {
+            self.next_tick = now + TICK;
+            self.read(pool, dp);
         }
-        self.next_tick = now + TICK;
-        self.read(pool, dp);
-        true
     }
 
     pub(super) fn has_suspects(&self) -> bool {
         !self.suspects.is_empty()
     }
 
-    /// Queues the probes through the VIP that are due; `target` says where a backend's goes, or
-    /// why it cannot be sent: then it is not probed, and stays (a probe that was never sent
-    /// proves nothing). Returns when to come back.
+    /// Queues the probes through the VIP that are due, each suspect's and its service's control;
+    /// `target` says where a backend's goes, or why it cannot be sent: then it is not probed,
+    /// and stays (a probe that was never sent proves nothing). Returns when to come back.
     pub(super) fn probe_due(&mut self, now: Instant, pool: &Pool, target: impl Fn(&Service, &lb::config::Backend) -> Result<Target, Failure>) -> Instant {
         let mut next = self.next_tick;
         for s in pool.services.iter().filter(|s| watched(s)) {
             let Some(check) = &s.health_check else { continue };
+            // A connection to the service, as clients make: the check itself only where it
+            // goes through the VIP already (its port is the service's); else a TCP connect.
+            let mut c = check.clone();
+            if c.via != lb::config::ProbeVia::Vip {
+                c.kind = CheckKind::Tcp;
+            }
+            let mut any_due = false;
             for b in &s.backends {
                 let key = (s.name.clone(), b.identity());
                 let Some(x) = self.suspects.get_mut(&key) else { continue };
                 if x.next_probe <= now {
                     x.next_probe = now + check.interval;
+                    any_due = true;
                     match target(s, b) {
                         Ok(t) => {
-                            let c = check.clone();
+                            let c = c.clone();
                             if !self.prober.submit(key.clone(), move || probe(&t, &c)) {
                                 x.next_probe = now;
                             }
                         }
-                        Err(f) if !x.held => {
-                            x.held = true;
+                        Err(f) if !x.said_unsent => {
+                            x.said_unsent = true;
                             log(format!("signals: {} backend {} cannot be probed through the VIP ({}): it stays", s.name, label_of(pool, &key.0, &key.1), f.reason));
                         }
                         Err(_) => {}
                     }
                 }
                 next = next.min(x.next_probe);
+            }
+            // The control: the first peer with weight that is no suspect.
+            if any_due {
+                let peer = s.backends.iter().find(|b| b.weight > 0 && !self.suspects.contains_key(&(s.name.clone(), b.identity())));
+                if let Some(peer) = peer {
+                    if let Ok(t) = target(s, peer) {
+                        let c = c.clone();
+                        self.prober.submit(control_key(&s.name, &peer.identity()), move || probe(&t, &c));
+                    }
+                } else {
+                    self.controls.entry(s.name.clone()).or_default().passed = None;
+                }
             }
         }
         next
@@ -134,7 +187,7 @@ impl Outliers {
             let best = growth.iter().filter(|g| g.syns >= signals::MIN_SYNS).map(|g| g.bad_share()).fold(f64::INFINITY, f64::min);
             for i in signals::outliers(&growth) {
                 let (key, g) = &judged[i];
-                if self.suspects.contains_key(key) {
+                if self.suspects.contains_key(key) || self.dismissed.get(key).is_some_and(|t| t.elapsed() < TICK * signals::WINDOW as u32) {
                     continue;
                 }
                 log(format!(
@@ -147,7 +200,7 @@ impl Outliers {
                     signals::WINDOW,
                     if best.is_finite() { best } else { 0.0 }
                 ));
-                self.suspects.insert(key.clone(), Suspect { next_probe: Instant::now(), successes: 0, out: false, held: false });
+                self.suspects.insert(key.clone(), Suspect { next_probe: Instant::now(), successes: 0, failures: 0, out: false, said_held: false, said_unsent: false });
             }
         }
     }
@@ -156,38 +209,74 @@ impl Outliers {
     pub(super) fn results(&mut self, pool: &Pool) -> bool {
         let mut changed = false;
         for (key, result, _) in self.prober.drain() {
+            if let Some(service) = key.0.strip_suffix("\0control") {
+                let c = self.controls.entry(service.to_string()).or_default();
+                match &result {
+                    Err(f) if !f.local => {
+                        c.passed = Some(false);
+                        if !c.said_failing {
+                            c.said_failing = true;
+                            log(format!(
+                                "signals: {service}'s peer {} fails through the VIP too ({}): the way through the VIP is at fault, not its suspects; none goes out",
+                                label_of(pool, service, &key.1),
+                                f.reason
+                            ));
+                        }
+                    }
+                    Err(_) => {}
+                    Ok(()) => {
+                        c.passed = Some(true);
+                        c.said_failing = false;
+                    }
+                }
+                continue;
+            }
             let Some(s) = pool.service(&key.0).filter(|s| watched(s)) else { continue };
             let Some(check) = &s.health_check else { continue };
             let weighted = s.backends.iter().filter(|b| b.weight > 0).count();
             let out_now = self.suspects.iter().filter(|(k, x)| k.0 == key.0 && x.out).count();
+            let control = self.controls.get(&key.0).and_then(|c| c.passed);
             let label = label_of(pool, &key.0, &key.1);
             let Some(x) = self.suspects.get_mut(&key) else { continue };
             match result {
-                Err(f) if !x.out => {
+                // The host's own error: nothing was sent, nothing is proved.
+                Err(f) if f.local => {
+                    if !x.said_unsent {
+                        x.said_unsent = true;
+                        log(format!("signals: {} backend {label}: the probe through the VIP could not be sent ({}); it stays", key.0, f.reason));
+                    }
+                }
+                Err(f) => {
                     x.successes = 0;
-                    if out_now < signals::max_out(weighted) {
+                    x.failures += 1;
+                    if x.out || x.failures < check.fall {
+                        continue;
+                    }
+                    if control == Some(true) && out_now < signals::max_out(weighted) {
                         x.out = true;
                         changed = true;
                         log(format!(
-                            "signals: {} backend {label} fails through the VIP too ({}): out ({} of {weighted} out by this rule, at most a third)",
+                            "signals: {} backend {label} fails through the VIP too ({}, {} in a row; its peer passes): out ({} of {weighted} out by this rule, at most a third)",
                             key.0,
                             f.reason,
+                            x.failures,
                             out_now + 1
                         ));
-                    } else if !x.held {
-                        x.held = true;
+                    } else if !x.said_held && control == Some(true) {
+                        x.said_held = true;
                         log(format!(
                             "signals: {} backend {label} fails through the VIP too ({}), but {out_now} of {weighted} are out by this rule already (at most a third): it stays",
                             key.0, f.reason
                         ));
                     }
                 }
-                Err(_) => x.successes = 0,
                 Ok(()) => {
+                    x.failures = 0;
                     x.successes += 1;
                     if x.successes >= check.rise {
                         let was_out = x.out;
                         self.suspects.remove(&key);
+                        self.dismissed.insert(key.clone(), Instant::now());
                         changed |= was_out;
                         let then = if was_out { "back" } else { "no longer a suspect" };
                         log(format!("signals: {} backend {label} passes {} probes through the VIP in a row: {then}", key.0, check.rise));
@@ -198,10 +287,36 @@ impl Outliers {
         changed
     }
 
+    /// What [`Outliers::restore`] puts back when a new pool is refused.
+    pub(super) fn keep(&self) -> Kept {
+        Kept { window: self.window.clone(), suspects: self.suspects.clone(), dismissed: self.dismissed.clone() }
+    }
+
+    pub(super) fn restore(&mut self, kept: Kept) {
+        self.window = kept.window;
+        self.suspects = kept.suspects;
+        self.dismissed = kept.dismissed;
+    }
+
     /// A new pool: backends that stay keep their readings and suspicion; the others are forgotten.
     pub(super) fn renew(&mut self, pool: &Pool) {
         let stays = |k: &Key| pool.service(&k.0).is_some_and(|s| watched(s) && s.backends.iter().any(|b| b.identity() == k.1));
         self.window.retain(stays);
         self.suspects.retain(|k, _| stays(k));
+        self.dismissed.retain(|k, _| stays(k));
+        self.controls.retain(|s, _| pool.service(s).is_some());
+        // A pool with fewer backends may allow fewer out: the last ones named come back.
+        for s in pool.services.iter().filter(|s| watched(s)) {
+            let allowed = signals::max_out(s.backends.iter().filter(|b| b.weight > 0).count());
+            let mut out: Vec<Key> = s.backends.iter().map(|b| (s.name.clone(), b.identity())).filter(|k| self.suspects.get(k).is_some_and(|x| x.out)).collect();
+            while out.len() > allowed {
+                let Some(k) = out.pop() else { break };
+                if let Some(x) = self.suspects.get_mut(&k) {
+                    x.out = false;
+                    x.said_held = true;
+                    log(format!("signals: {} backend {} comes back: the new pool allows {allowed} out by this rule", k.0, k.1));
+                }
+            }
+        }
     }
 }

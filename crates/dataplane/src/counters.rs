@@ -8,6 +8,7 @@ use anyhow::Result;
 use libbpf_rs::{MapCore, MapFlags};
 
 use lb_core::counters::{self, Group};
+use lb_core::health::signals::Signals;
 use lb_core::stats::{BackendCounters, ServiceCounters, Snapshot, Traffic};
 
 use super::encode::value_of;
@@ -20,6 +21,7 @@ pub struct CounterMaps {
     stats: libbpf_rs::MapHandle,
     traffic: libbpf_rs::MapHandle,
     flows: libbpf_rs::MapHandle,
+    signals: libbpf_rs::MapHandle,
 }
 
 impl Dataplane {
@@ -29,6 +31,7 @@ impl Dataplane {
             stats: libbpf_rs::MapHandle::try_from(&m.stats)?,
             traffic: libbpf_rs::MapHandle::try_from(&m.backend_traffic)?,
             flows: libbpf_rs::MapHandle::try_from(&m.flows)?,
+            signals: libbpf_rs::MapHandle::try_from(&m.backend_signals)?,
         })
     }
 
@@ -49,16 +52,8 @@ impl Dataplane {
 
     /// Backend `id`'s signals from real traffic (bpf/conntrack_map.h, backend_signals), summed
     /// over CPUs.
-    pub fn signals(&self, id: u32) -> Result<lb_core::health::signals::Signals> {
-        let per_cpu = self.skel.maps.backend_signals.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-        let mut s = lb_core::health::signals::Signals::default();
-        for v in per_cpu {
-            let cpu: types::lb_signals = value_of(&v);
-            s.syns += cpu.syns;
-            s.syn_again += cpu.syn_again;
-            s.reset_early += cpu.reset_early;
-        }
-        Ok(s)
+    pub fn signals(&self, id: u32) -> Result<Signals> {
+        signals_of(&self.skel.maps.backend_signals, id)
     }
 
     /// The number of established flows in the flow table (walks it).
@@ -101,6 +96,11 @@ impl Dataplane {
 }
 
 impl CounterMaps {
+    /// Backend `id`'s signals from real traffic, summed over CPUs.
+    pub fn signals(&self, id: u32) -> Result<Signals> {
+        signals_of(&self.signals, id)
+    }
+
     /// Every counter, for the services and backends of `model` (by backend id).
     pub fn snapshot(&self, model: &lb_core::metrics::Model) -> Result<Snapshot> {
         let mut snap = counters_of(&self.stats)?;
@@ -195,6 +195,19 @@ fn count_flows(m: &dyn MapCore) -> Result<u64> {
 fn percpu_sum(m: &dyn MapCore, key: u32) -> Result<u64> {
     let per_cpu = m.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
     Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
+}
+
+/// One lb_signals entry of a per-CPU map, summed over CPUs.
+fn signals_of(map: &dyn MapCore, id: u32) -> Result<Signals> {
+    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    let mut s = Signals::default();
+    for v in per_cpu {
+        let cpu: types::lb_signals = value_of(&v);
+        s.syns += cpu.syns;
+        s.syn_again += cpu.syn_again;
+        s.reset_early += cpu.reset_early;
+    }
+    Ok(s)
 }
 
 /// One lb_traffic entry of a per-CPU map, summed over CPUs.

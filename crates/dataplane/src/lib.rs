@@ -289,9 +289,11 @@ impl Dataplane {
 
     /// Sends health probes through the data path out of interface `ifindex` (bpf/probe.h,
     /// [`probe_path`]).
-    pub fn open_probe_path(&self, ifindex: u32, ifname: &str, mac: [u8; 6]) -> Result<probe_path::ProbePath> {
+    /// `local_vip`: a VIP is one of the host's own addresses (the interface then accepts
+    /// packets from it, `accept_local`).
+    pub fn open_probe_path(&self, ifindex: u32, ifname: &str, mac: [u8; 6], local_vip: bool) -> Result<probe_path::ProbePath> {
         self.set_probe_interface(ifindex)?;
-        probe_path::ProbePath::open(self.skel.progs.lb_probe_out.as_fd(), ifindex, ifname, mac)
+        probe_path::ProbePath::open(self.skel.progs.lb_probe_out.as_fd(), ifindex, ifname, mac, local_vip)
     }
 
     /// Names the interface probes through the data path leave by (bpf/probe.h, probe_out).

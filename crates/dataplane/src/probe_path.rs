@@ -78,7 +78,9 @@ pub struct ProbePath {
 impl ProbePath {
     /// Attaches `prog` (the data plane's `lb_probe_out`) to the egress of interface `ifindex`
     /// (named `ifname`, MAC `mac`) and routes marked probes there, for both address families.
-    pub fn open(prog: BorrowedFd<'_>, ifindex: u32, ifname: &str, mac: [u8; 6]) -> Result<ProbePath> {
+    /// `local_vip`: some VIP is one of the host's own addresses, whose answers IPv4 takes for
+    /// martians unless the interface has `accept_local` (set here, and put back on drop).
+    pub fn open(prog: BorrowedFd<'_>, ifindex: u32, ifname: &str, mac: [u8; 6], local_vip: bool) -> Result<ProbePath> {
         let lo = nix::net::if_::if_nametoindex("lo").context("looking up the loopback device")?;
         let links = [tcx_egress(prog, ifindex).with_context(|| format!("attaching the probes' egress program to {ifname} (TCX, Linux 6.6 or later)"))?, tcx_egress(prog, lo).context("attaching the probes' egress program to lo")?];
         let mut path = ProbePath { _links: links, accept_local: None, ifindex, ifname: ifname.to_string(), missing: Vec::new(), warnings: Vec::new() };
@@ -86,6 +88,7 @@ impl ProbePath {
         // accept_local, IPv4 drops them as martians.
         let knob = format!("/proc/sys/net/ipv4/conf/{ifname}/accept_local");
         match std::fs::read_to_string(&knob).map(|v| v.trim().to_string()) {
+            _ if !local_vip => {}
             Ok(v) if v == "1" => {}
             Ok(v) => match std::fs::write(&knob, "1") {
                 Ok(()) => path.accept_local = Some(v),

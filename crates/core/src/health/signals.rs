@@ -54,13 +54,13 @@ impl Signals {
 /// Readings in the window: the rule looks at the growth over the last this many (one a second).
 pub const WINDOW: usize = 5;
 /// Connections a backend must have begun in the window for its share to count.
-pub const MIN_SYNS: u64 = 20;
+pub const MIN_SYNS: u64 = 30;
 /// The bad share below which no backend is an outlier, whatever its peers.
-pub const MIN_BAD: f64 = 0.2;
+pub const MIN_BAD: f64 = 0.5;
 /// How many times the best of its peers' bad shares an outlier's exceeds ...
 pub const FACTOR: f64 = 3.0;
 /// ... plus this.
-pub const MARGIN: f64 = 0.1;
+pub const MARGIN: f64 = 0.25;
 
 /// At most this many of a service's `n` backends are out by this rule at once: a third.
 pub fn max_out(n: usize) -> usize {

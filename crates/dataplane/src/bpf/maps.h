@@ -88,8 +88,8 @@ struct {
 	__type(value, struct lb_addr);
 } backend_addrs SEC(".maps");
 
-/* Backend id -> whose it is (lb.h, struct lb_backend_meta). Read only by a controller that
- * adopts a pinned data plane. */
+/* Backend id -> whose it is (lb.h, struct lb_backend_meta). Read by a controller that adopts
+ * a pinned data plane, and by the probes' egress program (probe.h), never by lb_xdp(). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

@@ -14,8 +14,9 @@
  * loopback, a listener on the VIP, its firewall, its way back.
  *
  * Unmarked packets are none of its business and leave untouched. A marked packet this program
- * cannot send as the service would (no such service any more, the backend's MAC unknown, no room
- * for the outer headers) is dropped and counted with the reason lb_xdp() would give. */
+ * cannot send as the service would (no such service any more, a backend of another service, the
+ * backend's MAC unknown, no room for the outer headers) is dropped and counted with the reason
+ * lb_xdp() would give. */
 #ifndef LB_PROBE_H
 #define LB_PROBE_H
 
@@ -144,6 +145,19 @@ static __always_inline int probe_encap(struct __sk_buff *skb, const struct lb_se
 	return LB_TCX_PASS;
 }
 
+/* Whether backend `id` belongs to `svc` (backend_meta names its service). */
+static __always_inline int of_service(__u32 id, const struct lb_service *svc)
+{
+	struct lb_backend_meta *m = bpf_map_lookup_elem(&backend_meta, &id);
+	const __u32 *a, *b;
+
+	if (!m)
+		return 0;
+	a = (const __u32 *)&m->service;
+	b = (const __u32 *)&svc->key;
+	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4])) == 0;
+}
+
 SEC("tcx/egress")
 int lb_probe_out(struct __sk_buff *skb)
 {
@@ -188,6 +202,9 @@ int lb_probe_out(struct __sk_buff *skb)
 	}
 	svc = find_route(dst, key_tail(dport, IPPROTO_TCP, family));
 	if (!svc)
+		return count(LB_DROP_NO_BACKEND, LB_TCX_DROP);
+	/* Only a backend of this very service: a mark never sends a packet anywhere else. */
+	if (!of_service(id, svc))
 		return count(LB_DROP_NO_BACKEND, LB_TCX_DROP);
 	be = bpf_map_lookup_elem(&backends, &id);
 	if (!be || !(be->flags & LB_BACKEND_MAC_KNOWN))
