@@ -70,7 +70,7 @@ hp_round() { # NAME SOURCES
 hp_break() { # TOPO NAME MODE [REPAIR] [I]
     local topo=$1 what=$2 mode=$3 repair=${4:-} b2="$PREFIX-b${5:-2}"
     case "$what/$repair" in
-        decap/) kill "$(cat "/tmp/$PREFIX-b2.decap.pid")" ;;
+        decap/) topo_kill "$PREFIX" "$(cat "/tmp/$PREFIX-b2.decap.pid")" ;;
         decap/1)
             topo_routed_decap "$PREFIX" 2 "$mode"
             wait_until 100 0.05 grep -q serving "/tmp/$PREFIX-b2.decap.log" || fail "b2's decap did not restart"

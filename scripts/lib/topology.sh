@@ -76,11 +76,19 @@ topo_server_start() {
     echo $! >"/tmp/$p-b$i.pid"
 }
 
+# topo_kill PREFIX PID: SIGTERM to PID if it runs in one of PREFIX's namespaces: a pid a test
+# recorded may have ended and been given to another test's process since.
+topo_kill() {
+    case "$(ip netns identify "$2" 2>/dev/null)" in
+        "$1"-*) kill "$2" 2>/dev/null || true ;;
+    esac
+}
+
 topo_server_stop() {
     local p=$1 i=$2 pid
     if [ -f "/tmp/$p-b$i.pid" ]; then
         pid=$(cat "/tmp/$p-b$i.pid")
-        kill "$pid" 2>/dev/null || true
+        topo_kill "$p" "$pid"
         # Gone for good before returning: its ports refuse from now on.
         for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
     fi
@@ -119,7 +127,11 @@ topo_up() {
 topo_down() {
     local p=$1 ns
     if [ -f "/tmp/$p.pids" ]; then
-        xargs -r kill <"/tmp/$p.pids" 2>/dev/null || true
+        # Only those still in this topology's namespaces: a process that ended long ago (a
+        # server or decap a test stopped) left its pid here, which may belong to another test's
+        # process by now (pid_max can be as low as 32768, and a full run starts many more).
+        local pid
+        while read -r pid; do topo_kill "$p" "$pid"; done <"/tmp/$p.pids"
         rm -f "/tmp/$p.pids"
     fi
     rm -f "/tmp/$p"-b*.pid "/tmp/$p"-b*.status "/tmp/$p"-b*.decap.log
