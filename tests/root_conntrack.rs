@@ -362,3 +362,60 @@ fn root_signals_count_first_syns_syns_again_and_resets_at_the_handshake_per_back
         }
     }
 }
+
+/// A TCP packet of (src, sport) to web with flags `flags` and acknowledgment number `ack`: the
+/// backend it went to.
+fn tcp_ack(dp: &Balancer, src: Ipv4Addr, sport: u16, flags: u8, ack: u32) -> IpAddr {
+    let mut frame = ipv4_simple(src, v4("10.99.0.100"), L4::Tcp { sport, dport: 80, flags });
+    // Ethernet (14) and IPv4 (20) headers, then the TCP header's acknowledgment number at 8.
+    frame[42..46].copy_from_slice(&ack.to_be_bytes());
+    let (action, out) = dp.test_run(&frame).expect("run");
+    assert_eq!(action, XDP_TX);
+    IpAddr::V4(Ipv4Addr::new(10, 99, 0, out[5]))
+}
+
+/// The third signal: a connection whose client ends it (FIN or RST, with ACK) acknowledging
+/// nothing past the SYN-ACK, the same number as its handshake's ACK, counts no_data for the
+/// backend it was promoted to, once however often the FIN comes. A connection that got data, an
+/// RST without ACK, a FIN carrying another flow's number, and anything with the guard off (no
+/// promotion tells the handshake's ACK) count nothing.
+#[test]
+fn root_signals_count_connections_that_end_without_data_once() {
+    const FIN: u8 = 0x01;
+    const PSH: u8 = 0x08;
+    let no_data = |dp: &Balancer| -> u64 { ["10.99.0.11", "10.99.0.12", "10.99.0.13"].iter().map(|a| dp.signals(id_of(dp, "web", ip(a))).expect("signals").no_data).sum() };
+    let (dp, _) = setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
+    let src = v4("192.0.2.8");
+    // The backend answered the handshake (its ISN + 1 = 0x1234_5679), then sent nothing.
+    let first = tcp_ack(&dp, src, 2000, SYN, 0);
+    tcp_ack(&dp, src, 2000, ACK, 0x1234_5679);
+    tcp_ack(&dp, src, 2000, ACK | PSH, 0x1234_5679);
+    assert_eq!(no_data(&dp), 0, "nothing before the client ends it");
+    tcp_ack(&dp, src, 2000, FIN | ACK, 0x1234_5679);
+    assert_eq!(dp.signals(id_of(&dp, "web", first)).expect("signals").no_data, 1, "a FIN acknowledging only the SYN-ACK, on its backend");
+    tcp_ack(&dp, src, 2000, FIN | ACK, 0x1234_5679);
+    assert_eq!(no_data(&dp), 1, "a FIN sent again counts once");
+    // A connection that got 500 bytes, then ended: nothing.
+    tcp_ack(&dp, src, 2001, SYN, 0);
+    tcp_ack(&dp, src, 2001, ACK, 0x0abc_0001);
+    tcp_ack(&dp, src, 2001, FIN | ACK, 0x0abc_0001 + 500);
+    assert_eq!(no_data(&dp), 1, "a connection that got data");
+    // Another flow's FIN with the first flow's number: nothing (the number is the backend's
+    // random ISN, and the cell holds the flow hash's bits too).
+    tcp_ack(&dp, src, 2002, SYN, 0);
+    tcp_ack(&dp, src, 2002, ACK, 0x5555_0001);
+    tcp_ack(&dp, src, 2003, FIN | ACK, 0x5555_0001);
+    assert_eq!(no_data(&dp), 1, "another flow's FIN");
+    // An RST without ACK carries no acknowledgment: nothing; the client's RST with ACK counts.
+    tcp_ack(&dp, src, 2002, RST, 0x5555_0001);
+    assert_eq!(no_data(&dp), 1, "an RST without ACK");
+    let b = tcp_ack(&dp, src, 2002, RST | ACK, 0x5555_0001);
+    assert_eq!(dp.signals(id_of(&dp, "web", b)).expect("signals").no_data, 1 + u64::from(b == first), "an RST with ACK");
+    assert_eq!(no_data(&dp), 2);
+    // Without the guard, the handshake's ACK is not told from any other packet: nothing.
+    let (dp, _) = setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, false);
+    tcp_ack(&dp, src, 2000, SYN, 0);
+    tcp_ack(&dp, src, 2000, ACK, 0x1234_5679);
+    tcp_ack(&dp, src, 2000, FIN | ACK, 0x1234_5679);
+    assert_eq!(no_data(&dp), 0, "guard off");
+}

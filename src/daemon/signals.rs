@@ -1,8 +1,8 @@
 //! Signals from real traffic in `lb attach` (docs/operating.md, "Signals from real traffic"):
 //! once a second, each checked tracked TCP service's backends' counters are read from the data
 //! plane and judged by lb::health::signals; an outlier becomes a suspect, probed through the VIP
-//! at once and then every check interval (a TCP connect to the service's port, or the check
-//! itself where it is `via: vip`), on threads of its own, together with one of its peers that is
+//! at once and then every check interval (the check itself, sent to the VIP, where it probes
+//! the service's own port; else a TCP connect to the service's port), on threads of its own, together with one of its peers that is
 //! no suspect (the control). A suspect is out after `fall` failed probes in a row, and only while
 //! the control passes (a way through the VIP that fails for everyone is the path's fault, not the
 //! suspect's), and only while fewer than a third of its service's backends are out by this rule.
@@ -126,12 +126,15 @@ impl Outliers {
         let mut next = self.next_tick;
         for s in pool.services.iter().filter(|s| watched(s)) {
             let Some(check) = &s.health_check else { continue };
-            // A connection to the service, as clients make: the check itself only where it
-            // goes through the VIP already (its port is the service's); else a TCP connect.
+            // A connection to the service, as clients make: the check itself where it probes
+            // the service's own port (an HTTP check then asks for data, which a backend whose
+            // connections end without any fails), else a TCP connect to that port.
             let mut c = check.clone();
-            if c.via != lb::config::ProbeVia::Vip {
+            if c.port != s.port {
                 c.kind = CheckKind::Tcp;
+                c.port = s.port;
             }
+            c.via = lb::config::ProbeVia::Vip;
             let mut any_due = false;
             for b in &s.backends {
                 let key = (s.name.clone(), b.identity());
@@ -191,11 +194,12 @@ impl Outliers {
                     continue;
                 }
                 log(format!(
-                    "signals: {} backend {} stands out: {} SYNs sent again and {} early resets for {} connections in {} s (its peers' best: {:.2} a connection); probing it through the VIP",
+                    "signals: {} backend {} stands out: {} SYNs sent again, {} early resets and {} ends without data for {} connections in {} s (its peers' best: {:.2} a connection); probing it through the VIP",
                     s.name,
                     label_of(pool, &key.0, &key.1),
                     g.syn_again,
                     g.reset_early,
+                    g.no_data,
                     g.syns,
                     signals::WINDOW,
                     if best.is_finite() { best } else { 0.0 }

@@ -197,29 +197,32 @@ fn percpu_sum(m: &dyn MapCore, key: u32) -> Result<u64> {
     Ok(per_cpu.iter().map(|v| value_of::<u64>(v)).sum())
 }
 
+/// One entry of a per-CPU map of `V` (a struct of lb.h), folded over the CPUs into an `A`.
+fn percpu_fold<V: Copy + Default, A: Default>(map: &dyn MapCore, id: u32, add: impl Fn(&mut A, V)) -> Result<A> {
+    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    let mut sum = A::default();
+    for v in per_cpu {
+        add(&mut sum, value_of(&v));
+    }
+    Ok(sum)
+}
+
 /// One lb_signals entry of a per-CPU map, summed over CPUs.
 fn signals_of(map: &dyn MapCore, id: u32) -> Result<Signals> {
-    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-    let mut s = Signals::default();
-    for v in per_cpu {
-        let cpu: types::lb_signals = value_of(&v);
+    percpu_fold(map, id, |s: &mut Signals, cpu: types::lb_signals| {
         s.syns += cpu.syns;
         s.syn_again += cpu.syn_again;
         s.reset_early += cpu.reset_early;
-    }
-    Ok(s)
+        s.no_data += cpu.no_data;
+    })
 }
 
 /// One lb_traffic entry of a per-CPU map, summed over CPUs.
 fn traffic_of(map: &dyn MapCore, id: u32) -> Result<Traffic> {
-    let per_cpu = map.lookup_percpu(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-    let mut t = Traffic::default();
-    for v in per_cpu {
-        let cpu: types::lb_traffic = value_of(&v);
+    percpu_fold(map, id, |t: &mut Traffic, cpu: types::lb_traffic| {
         t.packets += cpu.packets;
         t.bytes += cpu.bytes;
-    }
-    Ok(t)
+    })
 }
 
 #[cfg(test)]

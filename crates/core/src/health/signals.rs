@@ -4,8 +4,8 @@
 //! attach` reads the counters once a second and feeds them here.
 //!
 //! The rule (docs/operating.md, "Signals from real traffic"): over the last [`WINDOW`] readings,
-//! a backend's *bad share* is its SYNs sent again plus its clients' early resets, per connection
-//! it was sent. A backend with at least [`MIN_SYNS`] connections is an outlier when its bad share
+//! a backend's *bad share* is its SYNs sent again, its clients' early resets and its connections
+//! that ended with no data from it, per connection it was sent. A backend with at least [`MIN_SYNS`] connections is an outlier when its bad share
 //! is at least [`MIN_BAD`] and more than [`FACTOR`] times the lowest of its service's other
 //! backends' (those with enough connections to judge) plus [`MARGIN`]: it is compared with the
 //! best of its peers, so that several bad backends do not hide each other. Loss on the clients'
@@ -25,15 +25,19 @@ pub struct Signals {
     pub syn_again: u64,
     /// A client RST as a flow's second packet: it aborted the handshake.
     pub reset_early: u64,
+    /// A client FIN or RST that acknowledges nothing past the SYN-ACK: the connection ended
+    /// with no data from the backend.
+    pub no_data: u64,
 }
 
 impl Signals {
-    /// The bad share: SYNs again and early resets per connection begun (0 with none begun).
+    /// The bad share: SYNs again, early resets and ends without data per connection begun (0
+    /// with none begun).
     pub fn bad_share(&self) -> f64 {
         if self.syns == 0 {
             return 0.0;
         }
-        (self.syn_again + self.reset_early) as f64 / self.syns as f64
+        (self.syn_again + self.reset_early + self.no_data) as f64 / self.syns as f64
     }
 
     fn since(&self, earlier: &Signals) -> Signals {
@@ -41,13 +45,14 @@ impl Signals {
             syns: self.syns.saturating_sub(earlier.syns),
             syn_again: self.syn_again.saturating_sub(earlier.syn_again),
             reset_early: self.reset_early.saturating_sub(earlier.reset_early),
+            no_data: self.no_data.saturating_sub(earlier.no_data),
         }
     }
 
     /// Whether any counter went down since `earlier`: the counters were reset (the backend's id
     /// given to another backend, a restart).
     fn went_back(&self, earlier: &Signals) -> bool {
-        self.syns < earlier.syns || self.syn_again < earlier.syn_again || self.reset_early < earlier.reset_early
+        self.syns < earlier.syns || self.syn_again < earlier.syn_again || self.reset_early < earlier.reset_early || self.no_data < earlier.no_data
     }
 }
 
@@ -134,7 +139,7 @@ mod tests {
     use super::*;
 
     fn s(syns: u64, again: u64, resets: u64) -> Signals {
-        Signals { syns, syn_again: again, reset_early: resets }
+        Signals { syns, syn_again: again, reset_early: resets, no_data: 0 }
     }
 
     #[test]
@@ -143,6 +148,20 @@ mod tests {
         assert_eq!(outliers(&[s(100, 0, 0), s(100, 180, 0), s(200, 1, 0)]), vec![1]);
         // Early resets count as much.
         assert_eq!(outliers(&[s(100, 0, 0), s(100, 0, 60), s(200, 1, 0)]), vec![1]);
+    }
+
+    #[test]
+    fn connections_that_end_without_data_count_as_much() {
+        let quiet = |syns, no_data| Signals { syns, no_data, ..Signals::default() };
+        // b2 answers the handshake, then nothing: its clients give up.
+        assert_eq!(outliers(&[quiet(100, 2), quiet(100, 70), quiet(200, 3)]), vec![1]);
+        // Clients that close unread on every backend alike (a checker that only connects): none.
+        assert!(outliers(&[quiet(100, 40), quiet(100, 45), quiet(200, 90)]).is_empty());
+        // A counter of no_data that went back starts the window over, as the others do.
+        let mut w = Window::default();
+        w.record(&"b2", quiet(10, 5));
+        w.record(&"b2", quiet(20, 3));
+        assert_eq!(w.growth(&"b2"), Signals::default());
     }
 
     #[test]

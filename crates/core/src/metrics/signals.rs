@@ -1,6 +1,6 @@
 //! The signals from real traffic in the metrics (crates/core/src/health/signals.rs), per
 //! watched backend: `lb_backend_signals_total{service,backend,signal}` (`syns`, `syn_again`,
-//! `reset_early`, as the data plane counts them) and `lb_backend_signal_out{service,backend}`
+//! `reset_early`, `no_data`, as the data plane counts them) and `lb_backend_signal_out{service,backend}`
 //! (1 while the rule keeps it out); and the status page's words for them.
 
 use std::fmt;
@@ -27,7 +27,7 @@ fn watched(model: &Model) -> impl Iterator<Item = (Vec<(&'static str, String)>, 
 
 pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Result {
     let counts = watched(model).flat_map(|(labels, x)| {
-        [("syns", x.counts.syns), ("syn_again", x.counts.syn_again), ("reset_early", x.counts.reset_early)].into_iter().map(move |(name, n)| {
+        [("syns", x.counts.syns), ("syn_again", x.counts.syn_again), ("reset_early", x.counts.reset_early), ("no_data", x.counts.no_data)].into_iter().map(move |(name, n)| {
             let mut l = labels.clone();
             l.push(("signal", name.to_string()));
             (l, ConstCounter::new(n))
@@ -36,7 +36,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Res
     family(
         encoder,
         "lb_backend_signals",
-        "What tracked TCP clients betray of each watched backend: syns (connections begun), syn_again (a SYN sent again before the flow was confirmed: its SYN-ACK never came), reset_early (a client RST as a flow's second packet: it aborted the handshake)",
+        "What tracked TCP clients betray of each watched backend: syns (connections begun), syn_again (a SYN sent again before the flow was confirmed: its SYN-ACK never came), reset_early (a client RST as a flow's second packet: it aborted the handshake), no_data (a client FIN or RST that acknowledged nothing past the SYN-ACK: the connection ended with no data from the backend)",
         MetricType::Counter,
         counts,
     )?;
@@ -49,14 +49,15 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Res
     )
 }
 
-/// The status page's words: `12 SYNs again, 0 resets of 40 connections; out`.
+/// The status page's words: `12 SYNs again, 0 resets, 3 without data of 40 connections; out`.
 pub(super) fn words(b: &BackendModel) -> String {
     match b.signals {
         None => "not watched".to_string(),
         Some(x) => format!(
-            "{} SYNs again, {} resets of {} connections{}",
+            "{} SYNs again, {} resets, {} without data of {} connections{}",
             x.counts.syn_again,
             x.counts.reset_early,
+            x.counts.no_data,
             x.counts.syns,
             if x.out { "; out" } else { "" }
         ),

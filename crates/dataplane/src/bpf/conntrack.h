@@ -125,9 +125,11 @@ static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
 /* A flow with no established entry but a half-open record `pe` (word `w`, at `at`): a SYN sent
  * again goes where the first went; the flow's next packet makes it established, if its buckets
  * have room it may take, or is followed through the record; an RST shortens the record's life.
- * A record whose backend is gone or down is re-picked first. Part of ct_choose(). */
+ * A record whose backend is gone or down is re-picked first. `ack`: the acknowledgment number
+ * of a TCP packet with ACK (else 0), which the promotion hands to the no_data signal
+ * (conntrack_map.h, ct_quiet), with the flow hash `hash`. Part of ct_choose(). */
 static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at, __u64 tag, __u32 slot, __u32 slots,
-					   __u32 now, __u32 timeout, __u32 pflags, int syn, int rst)
+					   __u32 now, __u32 timeout, __u32 pflags, int syn, int rst, __u32 hash, __u32 ack)
 {
 	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
 	struct flow_word f;
@@ -166,6 +168,8 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
 				count(LB_CT_EVICTED, 0);
 			count(LB_CT_NEW, 0);
 			flow_end(pe, tag);
+			/* Normally the handshake's ACK: the no_data signal watches how the flow ends. */
+			quiet_note(hash, ack, f.backend);
 		} else {
 			/* Followed through its half-open record, which is kept
 			 * fresh as a tracked flow's entry is (and cleared of a reset):
@@ -213,8 +217,9 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
  * is an entry silent for ct_syn_idle() when a pure SYN comes: a new connection on the same
  * ports; on an active entry a SYN follows it. With ct_guard
  * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
- * is the flow's keyed tag (flow_tag16/flow_tag40). */
-__noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags)
+ * is the flow's keyed tag (flow_tag16/flow_tag40); `ack` a TCP packet's acknowledgment number,
+ * as its bytes (the no_data signal's, at a promotion). */
+__noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags, __u32 ack)
 {
 	__u8 proto = proto_flags, tcp_flags = proto_flags >> 8;
 	__u32 now = ct_now(), timeout = ct_timeout_ticks(proto);
@@ -269,7 +274,8 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	if (lb_settings.ct_guard) {
 		pe = flow_find(&flow_pending, pmask, 1, tag, &w, &at);
 		if (pe)
-			return ct_half_open(pe, w, at, tag, slot, slots, now, timeout, pflags, syn, rst);
+			return ct_half_open(pe, w, at, tag, slot, slots, now, timeout, pflags, syn, rst, hash,
+					    proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_ACK) ? ack : 0);
 		id = pick_slot(slots, slot);
 		if (id == 0)
 			return 0;
@@ -429,7 +435,7 @@ static __always_inline __u32 ct_peek(struct pkt *p, const struct lb_service *svc
  * where the slot is unstable: a stable slot's flows all go where the table says. A flow the
  * packet adopted is made young (ct_young): a sampled packet that found no entry (its half-open
  * record pushed out by a SYN flood, say) is followed at once by one that promotes it. */
-static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags)
+static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags, __u32 ack)
 {
 	__u32 hop = 0, id, word = svc->slots ? slot_word(svc->base + p->hash % svc->slots) : 0;
 
@@ -441,10 +447,33 @@ static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc
 		return ct_peek(p, svc, tag, proto, 1);
 	if (!(tcp_flags & TCP_FLAG_SYN) && (word & LB_SLOT_UNSTABLE))
 		hop = adopt_hop(svc, p->hash);
-	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
+	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16, ack);
 	if (id & LB_CT_ADOPTING)
 		young_from_now(p->hash);
 	return id & ~LB_CT_ADOPTING;
+}
+
+/* A tracked service's client FIN or RST with ACK, of flow hash `hash`, acknowledging `ack` (as
+ * the packet's bytes): when the flow's handshake is watched (conntrack_map.h, ct_quiet) and the
+ * client acknowledges the same as in it, the backend sent it nothing since the SYN-ACK (or it
+ * never arrived): counted once, as no_data for the backend the flow was promoted to, whatever
+ * path the packet then takes (a stable slot's, the flow's entry). A global function, verified
+ * once for both families. Returns 0. */
+__noinline int ct_quiet_end(__u32 hash, __u32 ack)
+{
+	__u64 *cell, w;
+
+	if (ack == 0)
+		return 0;
+	cell = quiet_cell(hash, ack);
+	if (!cell)
+		return 0;
+	w = *(volatile __u64 *)cell;
+	if (w != quiet_word(hash, ack, w & 0xffff))
+		return 0;
+	if (__sync_val_compare_and_swap(cell, w, 0) == w)
+		add_signal(w & 0xffff, LB_SIGNAL_NO_DATA);
+	return 0;
 }
 
 /* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its

@@ -121,7 +121,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 	struct iphdr *iph = take(c, sizeof(*iph));
 	const struct lb_service *svc;
 	struct lb_frag_key *k;
-	__u32 hlen, tot, ports = 0, dst[4] = {};
+	__u32 hlen, tot, ports = 0, ack = 0, dst[4] = {};
 	__u8 tcp_flags = 0;
 	int later, first;
 	__u64 l[2] = {};
@@ -156,7 +156,7 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 			return count(LB_DROP_FRAGMENT, XDP_DROP);
 		return later_fragment(p, k, hash4(iph->saddr));
 	}
-	if (parse_ports(c, iph->protocol, &ports, &tcp_flags, tot - hlen) == L4_MALFORMED)
+	if (parse_ports(c, iph->protocol, &ports, &tcp_flags, &ack, tot - hlen) == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	/* Port 0 names a fragment route: only later fragments, which have no port, take it. */
 	if ((ports >> 16) == 0)
@@ -183,9 +183,12 @@ static __always_inline int handle_ipv4(struct cursor *c, struct pkt *p)
 			return to_backend(p, svc, id);
 	}
 	if (svc->flags & LB_SVC_CONNTRACK) {
-		__u32 id = by_stable_slot(p, svc, iph->protocol, tcp_flags);
+		__u32 id;
 
-		return to_backend(p, svc, id ? id : tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags));
+		if ((tcp_flags & TCP_FLAG_ACK) && (tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+			ct_quiet_end(p->hash, ack);
+		id = by_stable_slot(p, svc, iph->protocol, tcp_flags);
+		return to_backend(p, svc, id ? id : tracked(p, svc, flow_tag16(l[0], l[1]), iph->protocol, tcp_flags, ack));
 	}
 	return forward(p, svc);
 }
@@ -200,7 +203,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 	struct ipv6hdr *ip6 = take(c, sizeof(*ip6));
 	const struct lb_service *svc;
 	struct lb_frag_key *k;
-	__u32 ports = 0, dst[4], left;
+	__u32 ports = 0, ack = 0, dst[4], left;
 	__u8 tcp_flags = 0, nh;
 	struct ipv6_ext x;
 	__u64 l[5];
@@ -246,7 +249,7 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 		return handle_icmp6(c, p, &ip6->daddr);
 	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
 		return count(LB_STAT_PASSED, XDP_PASS);
-	l4 = parse_ports(c, nh, &ports, &tcp_flags, left);
+	l4 = parse_ports(c, nh, &ports, &tcp_flags, &ack, left);
 	if (l4 == L4_MALFORMED)
 		return count(LB_DROP_MALFORMED, XDP_DROP);
 	if ((ports >> 16) == 0)
@@ -272,9 +275,12 @@ static __always_inline int handle_ipv6(struct cursor *c, struct pkt *p)
 			return to_backend(p, svc, id);
 	}
 	if (svc->flags & LB_SVC_CONNTRACK) {
-		__u32 id = by_stable_slot(p, svc, nh, tcp_flags);
+		__u32 id;
 
-		return to_backend(p, svc, id ? id : tracked(p, svc, flow_tag40(l), nh, tcp_flags));
+		if ((tcp_flags & TCP_FLAG_ACK) && (tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+			ct_quiet_end(p->hash, ack);
+		id = by_stable_slot(p, svc, nh, tcp_flags);
+		return to_backend(p, svc, id ? id : tracked(p, svc, flow_tag40(l), nh, tcp_flags, ack));
 	}
 	return forward(p, svc);
 }

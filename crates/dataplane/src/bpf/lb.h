@@ -478,6 +478,10 @@ struct lb_signals {
 	__u64 reset_early; /* a client RST as a flow's second packet (with ct_guard, on its
 			    * half-open record): the client aborted the handshake, as it does when
 			    * the SYN-ACK it got does not fit (a backend behind NAT, say) */
+	__u64 no_data;     /* a client FIN or RST that acknowledges nothing past the SYN-ACK: the
+			    * connection ended with no data from the backend (with ct_guard: the
+			    * handshake's ACK is known at the flow's second packet; conntrack_map.h,
+			    * ct_quiet) */
 };
 
 #endif /* LB_H */

@@ -22,6 +22,7 @@
 #define IPPROTO_ICMPV6_ 58
 #define IPPROTO_IPIP_ 4
 #define IPPROTO_IPV6_ 41
+#define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
@@ -65,11 +66,12 @@ enum l4 {
 };
 
 /* The ports of a TCP or UDP header, as the packet's bytes (network order), in one word:
- * source port in the low half, destination port in the high half (memory order). `left`: the
+ * source port in the low half, destination port in the high half (memory order); a TCP
+ * header's flags and acknowledgment number (as the packet's bytes) too. `left`: the
  * bytes of the IP datagram from the cursor on, by its own length fields. The header must lie
  * inside the datagram, not merely inside the frame: Ethernet padding behind a short datagram
  * is not part of it and never supplies ports. */
-static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags, __u32 left)
+static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *ports, __u8 *tcp_flags, __u32 *ack, __u32 left)
 {
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = take(c, sizeof(*th));
@@ -78,6 +80,7 @@ static __always_inline enum l4 parse_ports(struct cursor *c, __u8 proto, __u32 *
 			return L4_MALFORMED;
 		*ports = *(__u32 *)th;
 		*tcp_flags = ((__u8 *)th)[13];
+		*ack = th->ack_seq;
 		return L4_PORTS;
 	}
 	if (proto == IPPROTO_UDP) {
