@@ -269,7 +269,8 @@ fn run(cli: Cli) -> Result<bool> {
         Cmd::Serve { name, tcp, udp, udp_address, http, status_file, bulk } => {
             if let Some(port) = http {
                 let listener = dual_stack_listener(port).with_context(|| format!("listening on http {port}"))?;
-                std::thread::spawn(move || http_status(listener, status_file));
+                let name = name.clone();
+                std::thread::spawn(move || http_status(listener, &name, status_file));
             }
             if let Some(port) = bulk {
                 let listener = dual_stack_listener(port).with_context(|| format!("listening on bulk {port}"))?;
@@ -483,9 +484,9 @@ fn transfer(vip: IpAddr, port: u16, source: Option<IpAddr>, download: Option<usi
     Ok(true)
 }
 
-/// Answers every GET with the status in `status_file`; `flap` there alternates 200 and 503 from
-/// one request to the next.
-fn http_status(listener: TcpListener, status_file: Option<PathBuf>) {
+/// Answers every GET with the status in `status_file`, and the backend's name as the body (what
+/// `e2e load` reports); `flap` there alternates 200 and 503 from one request to the next.
+fn http_status(listener: TcpListener, name: &str, status_file: Option<PathBuf>) {
     let mut answered = 0u64;
     for conn in listener.incoming().map_while(Result::ok) {
         answered += 1;
@@ -498,7 +499,7 @@ fn http_status(listener: TcpListener, status_file: Option<PathBuf>) {
             "flap" => [200, 503][(answered % 2) as usize],
             t => t.parse().unwrap_or(200),
         };
-        let _ = conn.write_all(format!("HTTP/1.0 {code} Status\r\nContent-Length: 0\r\n\r\n").as_bytes());
+        let _ = conn.write_all(format!("HTTP/1.0 {code} Status\r\nContent-Length: {}\r\n\r\n{name}\n", name.len() + 1).as_bytes());
     }
 }
 

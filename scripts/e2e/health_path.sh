@@ -209,6 +209,15 @@ test_health_signals_take_out_what_plain_probes_miss() { # MODE
     local mode=$1 t0 t1 n
     setup "$mode"
     set -- b1 10.99.0.11 b2 10.99.0.12 b3 10.99.0.13
+    # api: HTTP on 8081 (the backends' status server, which answers with their names), checked
+    # plainly at each backend's own address; quiet until its own step at the end.
+    HP_WEB6="  - name: api
+    vip: 10.99.0.100
+    port: 8081
+    hash: flow
+    forward: l2
+    health_check: {kind: http, path: /healthz, interval: ${HP_INTERVAL_MS}ms, timeout: 250ms, rise: 2, fall: 2}
+    backends: [{address: 10.99.0.11, name: b1}, {address: 10.99.0.12, name: b2}, {address: 10.99.0.13, name: b3}]"
     hp_pool "$WORK/pool.yaml" l2 "via: backend" "$@"
     start_lb "$mode" --metrics 127.0.0.1:9100
     CHURN_COUNT=40 CHURN_TIMEOUT_MS=300 churn_start
@@ -288,6 +297,55 @@ NFT
     hp_round back "$TOPO_CLIENTS4"
     [ "$HP_FAILED" -le 3 ] || fail "$HP_FAILED of 300 connections failed after the repair"
     grep -q ' b2$' "$WORK/back" || fail "b2 is back but gets no connection"
+    local summary
+    summary="clients' loss: no suspect (b1's SYNs again: $again1); signals off: $control/300 failed; on, lb's host dropping the VIP's answers: b2 a suspect, its peer failing too, nobody out; the way back: b2 out in $(((t1 - t0) / 1000000)) ms, then $(grep -c FAIL "$WORK/out" || true)/300; b3 broken too stayed in (a third); repaired: both back"
+    hp_no_data "$mode"
     if grep -q "plain probes\|is down after" "$WORK/lb.log"; then fail "a plain probe failed"; fi
-    say "clients' loss: no suspect (b1's SYNs again: $again1); signals off: $control/300 failed; on, lb's host dropping the VIP's answers: b2 a suspect, its peer failing too, nobody out; the way back: b2 out in $(((t1 - t0) / 1000000)) ms, then $(grep -c FAIL "$WORK/out" || true)/300; b3 broken too stayed in (a third); repaired: both back"
+    say "$summary; $HP_SUMMARY"
+}
+
+# The third signal, on api: b2 completes every handshake, then none of its data from the VIP
+# leaves (nft drops what carries PSH, as a return path that loses full-size packets would), while
+# its own address answers api's plain HTTP probe. Under a steady stream of requests its clients
+# give up and close having acknowledged nothing: b2 stands out by its ends without data alone
+# (no SYN again, no early reset), fails the HTTP check sent through the VIP, and is out; requests
+# then succeed; repaired, b2 is back. HP_SUMMARY says what happened.
+hp_no_data() { # MODE
+    local start out_ms repaired_ms failed total before loader applied
+    applied=$(grep -c "health: applied in" "$WORK/lb.log" || true)
+    start=$(date +%s%3N)
+    ip netns exec "$PREFIX-client" "$E2E" load --vip 10.99.0.100 --port 8081 --rate 60 --seconds 30 --workers 64 --timeout 0.5 --out "$WORK/api.load" >/dev/null 2>&1 &
+    loader=$!
+    sleep 3
+    local broke=$(($(date +%s%3N) - start))
+    ip netns exec "$PREFIX-b2" nft -f - <<NFT || fail "nft"
+table inet quiet {
+    chain from_vip {
+        type filter hook output priority 0;
+        ip saddr 10.99.0.100 tcp sport 8081 tcp flags & psh == psh drop
+    }
+}
+NFT
+    hp_wait_log "signals: api backend b2 10.99.0.12 stands out: 0 SYNs sent again, 0 early resets and [1-9][0-9]* ends without data" 1
+    hp_wait_log "signals: api backend b2 10.99.0.12 fails through the VIP too (through the VIP: [^,]*, [0-9]* in a row; its peer passes): out (1 of 3" 1
+    wait_log "health: applied in" $((applied + 1))
+    out_ms=$(($(date +%s%3N) - start))
+    sleep 4
+    repaired_ms=$(($(date +%s%3N) - start))
+    ip netns exec "$PREFIX-b2" nft delete table inet quiet
+    hp_wait_log "signals: api backend b2 10.99.0.12 passes 2 probes through the VIP in a row: back" 1
+    wait "$loader" || true
+    # Before: b2's share of requests failed. Once out (from half a second after lb applied it,
+    # for requests begun then, to the repair): at least 99% succeed, none on b2.
+    before=$(awk -v a="$broke" -v b="$out_ms" '$1 >= a + 1000 && $1 < b - 1000 && $2 == "FAIL"' "$WORK/api.load" | wc -l)
+    [ "$before" -ge 10 ] || fail "only $before requests failed with b2 broken and in"
+    total=$(awk -v a="$out_ms" -v b="$repaired_ms" '$1 >= a + 500 && $1 < b - 600' "$WORK/api.load" | wc -l)
+    failed=$(awk -v a="$out_ms" -v b="$repaired_ms" '$1 >= a + 500 && $1 < b - 600 && $2 != "b1" && $2 != "b3"' "$WORK/api.load" | wc -l)
+    [ "$total" -ge 100 ] || fail "only $total requests while b2 was out"
+    [ $((failed * 100)) -le "$total" ] || fail "$failed of $total requests failed or reached b2 while it was out"
+    local n
+    hp_scrape "$WORK/m2"
+    n=$(awk '$1 == "lb_backend_signals_total{service=\"api\",backend=\"b2\",signal=\"no_data\"}" {print $2}' "$WORK/m2")
+    [ "${n:-0}" -ge 10 ] || fail "b2's ends without data: ${n:-no series}"
+    HP_SUMMARY="api, b2's data lost: $before requests failed, b2 out by no_data alone ($n ends without data) $((out_ms - broke)) ms after the breaking (lb applied), then $failed/$total failed"
 }
