@@ -3,11 +3,6 @@
 # churn it, HTTP checks honour their status range, and a service with every backend down
 # fails open. Along the way, lb's /metrics counts each backend's probes by outcome.
 
-# A scrape of lb's /metrics (--metrics 127.0.0.1:9100) into FILE.
-health_scrape() { # FILE
-    ip netns exec "$PREFIX-lb" curl -sf --max-time 5 http://127.0.0.1:9100/metrics >"$1" || fail "no scrape of /metrics"
-}
-
 # web's BACKEND: lb_backend_probes_total for OUTCOME in the scrape FILE (empty if absent).
 probes_of() { # FILE BACKEND OUTCOME
     awk -v s="lb_backend_probes_total{service=\"web\",backend=\"$2\",outcome=\"$3\"}" '$1 == s {print $2}' "$1"
@@ -48,9 +43,9 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
 
     # The metrics: b2's refused probes grow, the others' successes do, and nothing else.
     local b
-    health_scrape "$WORK/m1"
+    lb_scrape "$WORK/m1"
     sleep 1.2 # two probes or more each
-    health_scrape "$WORK/m2"
+    lb_scrape "$WORK/m2"
     [ "$(probes_of "$WORK/m1" b2 refused)" -ge 3 ] || fail "b2 is down with $(probes_of "$WORK/m1" b2 refused) refused probes counted"
     [ "$(probes_of "$WORK/m2" b2 refused)" -gt "$(probes_of "$WORK/m1" b2 refused)" ] || fail "b2's refused probes do not grow"
     [ "$(probes_of "$WORK/m2" b2 success)" -gt 0 ] || fail "b2's successes before it stopped are not counted"
@@ -64,7 +59,7 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
         [ "$(probes_of "$WORK/m2" $b refused)" = 0 ] || fail "$b has refused probes"
     done
     for b in b1 b2 b3; do probes_add_up "$WORK/m2" $b; done
-    ip netns exec "$PREFIX-lb" curl -sf --max-time 5 http://127.0.0.1:9100/ >"$WORK/page.html" || fail "no status page"
+    lb_scrape "$WORK/page.html" /
     grep -q '<td>b2</td><td>10.99.0.12</td><td class="down">down (connection refused)</td><td class="probe">refused, [0-9.]* ms</td>' "$WORK/page.html" ||
         fail "the status page does not show b2's last probe"
     local refused
@@ -76,7 +71,7 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
     probe "$WORK/reloaded" "${args[@]}" || fail "after the reload"
     compare_flows cmp3 "the reload moved flows back to b2" "$WORK/down" "$WORK/reloaded"
     # ... and its probe counts.
-    health_scrape "$WORK/m3"
+    lb_scrape "$WORK/m3"
     [ "$(probes_of "$WORK/m3" b2 refused)" -ge "$refused" ] || fail "the reload reset b2's probe counts ($refused refused before, $(probes_of "$WORK/m3" b2 refused) after)"
 
     topo_server_start "$PREFIX" 2
@@ -86,10 +81,10 @@ test_health_a_stopped_backend_leaves_and_comes_back() { # MODE
     compare_flows cmp2 "flows did not all return" "$WORK/before" "$WORK/back"
 
     # A backend that leaves the pool takes its probe series along; those that stay keep theirs.
-    health_scrape "$WORK/m4"
+    lb_scrape "$WORK/m4"
     sed -i 's/, {address: 10.99.0.13, name: b3, weight: 2}//' "$WORK/pool.yaml"
     wait_log "b3 removed" 1
-    health_scrape "$WORK/m5"
+    lb_scrape "$WORK/m5"
     if grep -q 'lb_backend_probe.*backend="b3"' "$WORK/m5"; then fail "b3 left web, its probe series did not"; fi
     [ "$(probes_of "$WORK/m5" b1 success)" -ge "$(probes_of "$WORK/m4" b1 success)" ] || fail "removing b3 reset b1's probe counts"
     probes_add_up "$WORK/m5" b2
@@ -118,7 +113,7 @@ test_health_http_checks_honour_the_status_range() { # MODE
     wait_log "web backend b3 10.99.0.13 is down after 2 failed probes (HTTP 302)" 1
     # An answer outside the range is counted as bad_status, not as a refusal or a timeout.
     local b
-    health_scrape "$WORK/m1"
+    lb_scrape "$WORK/m1"
     [ "$(probes_of "$WORK/m1" b3 bad_status)" -ge 2 ] || fail "b3 is down with $(probes_of "$WORK/m1" b3 bad_status) bad_status probes counted"
     [ "$(probes_of "$WORK/m1" b3 refused)$(probes_of "$WORK/m1" b3 timeout)" = 00 ] || fail "b3's bad answers were counted as refusals or timeouts"
     for b in b1 b2; do

@@ -193,11 +193,6 @@ hp_wait_log() { # PATTERN COUNT
     fail "no log line matching '$1' within 15 s"
 }
 
-# lb's /metrics and status page (--metrics 127.0.0.1:9100) into FILE.
-hp_scrape() { # FILE [PATH]
-    ip netns exec "$PREFIX-lb" curl -sf --max-time 5 "http://127.0.0.1:9100${2:-/metrics}" >"$1" || fail "no scrape of ${2:-/metrics}"
-}
-
 # Signals from real traffic, under a steady stream of new connections and plain probes (which
 # b2's own address passes throughout): loss on the clients' side takes no backend out; with
 # `signals: off` (the control) b2, its SYN-ACKs from the VIP dropped, stays in and its share of
@@ -234,7 +229,7 @@ NFT
     sleep 7
     ip netns exec "$PREFIX-client" nft delete table inet loss
     if grep -q "signals: " "$WORK/lb.log"; then fail "loss on the clients' side made a suspect: $(grep "signals: " "$WORK/lb.log" | head -3)"; fi
-    hp_scrape "$WORK/m0"
+    lb_scrape "$WORK/m0"
     local again1
     again1=$(awk '$1 == "lb_backend_signals_total{service=\"web\",backend=\"b1\",signal=\"syn_again\"}" {print $2}' "$WORK/m0")
     [ "${again1:-0}" -gt 0 ] || fail "the clients' loss left no SYN sent again on b1 (${again1:-no series})"
@@ -274,12 +269,12 @@ NFT
     hp_round out "$TOPO_CLIENTS4"
     [ "$HP_FAILED" -le 3 ] || fail "$HP_FAILED of 300 connections failed with b2 out"
     if grep -q ' b2$' "$WORK/out"; then fail "b2 out, yet it gets new connections"; fi
-    hp_scrape "$WORK/m1"
+    lb_scrape "$WORK/m1"
     grep -q '^lb_backend_signal_out{service="web",backend="b2"} 1$' "$WORK/m1" || fail "lb_backend_signal_out of b2 is not 1"
     grep -q '^lb_backend_signal_out{service="web",backend="b1"} 0$' "$WORK/m1" || fail "lb_backend_signal_out of b1 is not 0"
     n=$(awk '$1 == "lb_backend_signals_total{service=\"web\",backend=\"b2\",signal=\"syn_again\"}" {print $2}' "$WORK/m1")
     [ "${n:-0}" -ge 20 ] || fail "b2's SYNs sent again: ${n:-no series}"
-    hp_scrape "$WORK/page.html" /
+    lb_scrape "$WORK/page.html" /
     grep -q '<td class="signals">[0-9]* SYNs again, [0-9]* resets, [0-9]* without data of [0-9]* connections; out</td>' "$WORK/page.html" || fail "the status page does not show b2's signals"
 
     # b3 broken too: it stands out and fails through the VIP, but a third of three is out.
@@ -344,7 +339,7 @@ NFT
     [ "$total" -ge 100 ] || fail "only $total requests while b2 was out"
     [ $((failed * 100)) -le "$total" ] || fail "$failed of $total requests failed or reached b2 while it was out"
     local n
-    hp_scrape "$WORK/m2"
+    lb_scrape "$WORK/m2"
     n=$(awk '$1 == "lb_backend_signals_total{service=\"api\",backend=\"b2\",signal=\"no_data\"}" {print $2}' "$WORK/m2")
     [ "${n:-0}" -ge 10 ] || fail "b2's ends without data: ${n:-no series}"
     HP_SUMMARY="api, b2's data lost: $before requests failed, b2 out by no_data alone ($n ends without data) $((out_ms - broke)) ms after the breaking (lb applied), then $failed/$total failed"

@@ -160,6 +160,12 @@ start_lb() { # MODE [EXTRA ARGS]
     wait_serving "$WORK/lb.log" 0 "$LBPID" "lb attach"
 }
 
+# lb's /metrics (or PATH: / is the status page) into FILE, from lb's namespace, where the test
+# started it with --metrics 127.0.0.1:9100.
+lb_scrape() { # FILE [PATH]
+    ip netns exec "$PREFIX-lb" curl -sf --max-time 5 "http://127.0.0.1:9100${2:-/metrics}" >"$1" || fail "no scrape of ${2:-/metrics}"
+}
+
 # Until LOG (lb's, by default) has COUNT lines matching PATTERN.
 wait_log() { # PATTERN COUNT [LOG]
     local log=${3:-$WORK/lb.log}

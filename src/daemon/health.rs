@@ -342,7 +342,7 @@ impl HealthChecks {
     fn describe(&self, key: &Key) -> String {
         match self.map.get(key) {
             Some(h) if !h.healthy => h.describe(),
-            _ if self.signals.out().contains(key) => "down (signals, and failing through the VIP)".to_string(),
+            _ if self.signals.is_out(key) => "down (signals, and failing through the VIP)".to_string(),
             h => h.map_or("healthy".to_string(), |h| h.describe()),
         }
     }

@@ -102,9 +102,14 @@ impl Outliers {
         self.suspects.iter().filter(|(_, s)| s.out).map(|(k, _)| k.clone()).collect()
     }
 
+    /// Whether a backend is out by this rule.
+    pub(super) fn is_out(&self, key: &Key) -> bool {
+        self.suspects.get(key).is_some_and(|x| x.out)
+    }
+
     /// A backend's counters as last read, and whether it is out by this rule.
     pub(super) fn of(&self, key: &Key) -> Option<(Signals, bool)> {
-        self.window.latest(key).map(|s| (s, self.suspects.get(key).is_some_and(|x| x.out)))
+        self.window.latest(key).map(|s| (s, self.is_out(key)))
     }
 
     /// Reads the counters when a second has passed, and judges each watched service.

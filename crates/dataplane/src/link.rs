@@ -131,6 +131,21 @@ pub fn attached(ifindex: u32) -> Result<Option<Attached>> {
     Ok(found.map(|(prog_id, mode)| Attached { prog_id, mode }))
 }
 
+/// A BPF link of `prog` to interface `ifindex` at hook `attach_type`, with `flags`: the link's
+/// descriptor (closing it detaches the program). The XDP attachment below, and the probes' TCX
+/// egress programs (probe_path.rs).
+pub(crate) fn link_create(prog: BorrowedFd<'_>, ifindex: u32, attach_type: libbpf_sys::bpf_attach_type, flags: u32) -> io::Result<OwnedFd> {
+    let opts = libbpf_sys::bpf_link_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _, flags, ..Default::default() };
+    // SAFETY: plain descriptors and a properly sized, initialized options struct that outlives
+    // the call.
+    let rc = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), ifindex as i32, attach_type, &opts) };
+    if rc < 0 {
+        return Err(io::Error::from_raw_os_error(-rc));
+    }
+    // SAFETY: a non-negative return of bpf_link_create is a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc) })
+}
+
 /// A program attached through a BPF link. Dropping it detaches the program.
 pub struct XdpLink {
     fd: OwnedFd,
@@ -148,19 +163,7 @@ impl AsFd for XdpLink {
 /// Attaches `prog` to `ifindex` in `mode`. Never replaces a program that is already there: the
 /// kernel refuses a link on an interface that has one (EBUSY / EEXIST).
 pub fn attach(prog: BorrowedFd<'_>, ifindex: u32, mode: XdpMode) -> io::Result<XdpLink> {
-    let opts = libbpf_sys::bpf_link_create_opts {
-        sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _,
-        flags: mode.flag(),
-        ..Default::default()
-    };
-    // SAFETY: plain descriptors and a properly sized, initialized options struct that outlives
-    // the call.
-    let rc = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), ifindex as i32, libbpf_sys::BPF_XDP, &opts) };
-    if rc < 0 {
-        return Err(io::Error::from_raw_os_error(-rc));
-    }
-    // SAFETY: a non-negative return of bpf_link_create is a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(rc) };
+    let fd = link_create(prog, ifindex, libbpf_sys::BPF_XDP, mode.flag())?;
     let mut info = libbpf_sys::bpf_link_info::default();
     let mut len = std::mem::size_of::<libbpf_sys::bpf_link_info>() as u32;
     // SAFETY: `info` is a writable bpf_link_info and `len` its size; the kernel writes at most

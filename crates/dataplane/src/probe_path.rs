@@ -18,7 +18,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use anyhow::{Context, Result};
 use libbpf_rs::libbpf_sys;
@@ -170,15 +170,7 @@ impl ProbePath {
 
 /// A TCX link of `prog` on the egress of `ifindex`, after whatever is there.
 fn tcx_egress(prog: BorrowedFd<'_>, ifindex: u32) -> io::Result<OwnedFd> {
-    let opts = libbpf_sys::bpf_link_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _, ..Default::default() };
-    // SAFETY: plain descriptors and a properly sized, initialized options struct that outlives
-    // the call.
-    let rc = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), ifindex as i32, libbpf_sys::BPF_TCX_EGRESS, &opts) };
-    if rc < 0 {
-        return Err(io::Error::from_raw_os_error(-rc));
-    }
-    // SAFETY: a non-negative return of bpf_link_create is a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(rc) })
+    crate::link::link_create(prog, ifindex, libbpf_sys::BPF_TCX_EGRESS, 0)
 }
 
 impl Drop for ProbePath {

@@ -33,15 +33,22 @@ static __always_inline __u8 outer_proto(__u32 forward, __u8 family)
 	return family == LB_FAMILY_V4 ? IPPROTO_IPIP_ : IPPROTO_IPV6_;
 }
 
-/* The GUE header (a UDP header) behind the outer IP header at `udp`; `extra`: the bytes of a
- * GUE version 0 header and hop list between it and the inner packet. */
+/* A GUE header (a UDP header without checksum) at `udp`: from port `sport` to `port` (network
+ * order), `len` bytes behind it. lb_xdp's (write_gue()) and lb_probe_out's (probe.h). */
+static __always_inline void gue_header(struct udphdr *udp, __u16 sport, __be16 port, __u32 len)
+{
+	udp->source = bpf_htons(sport);
+	udp->dest = port;
+	udp->len = bpf_htons(sizeof(*udp) + len);
+	udp->check = 0;
+}
+
+/* The GUE header behind the outer IP header at `udp`; `extra`: the bytes of a GUE version 0
+ * header and hop list between it and the inner packet. */
 static __always_inline void write_gue(struct udphdr *udp, const struct pkt *p, __be16 port, __u32 extra)
 {
 	/* Ephemeral range (49152..65535), 14 bits from the hash's upper half. */
-	udp->source = bpf_htons(0xc000 | ((p->hash >> 16) & 0x3fff));
-	udp->dest = port;
-	udp->len = bpf_htons(sizeof(*udp) + extra + p->l3len);
-	udp->check = 0;
+	gue_header(udp, 0xc000 | ((p->hash >> 16) & 0x3fff), port, extra + p->l3len);
 }
 
 /* Second chance: the backends besides `id` that may hold the packet's connection, whose outer

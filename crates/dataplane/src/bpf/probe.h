@@ -116,12 +116,8 @@ static __always_inline int probe_encap(struct __sk_buff *skb, const struct lb_se
 		ip->saddr = lb_settings.encap_src4 & ~lb_settings.encap_src4_vary;
 		ip->daddr = to->addr[0];
 		ip->check = ipv4_csum(ip);
-		if (gue) {
-			udp->source = bpf_htons(sport);
-			udp->dest = svc->gue_port;
-			udp->len = bpf_htons(sizeof(*udp) + l3len);
-			udp->check = 0;
-		}
+		if (gue)
+			gue_header(udp, sport, svc->gue_port, l3len);
 	} else {
 		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
 		struct udphdr *udp = (void *)(ip6 + 1);
@@ -135,12 +131,8 @@ static __always_inline int probe_encap(struct __sk_buff *skb, const struct lb_se
 		__builtin_memcpy(&ip6->saddr, lb_settings.encap_src6, 12);
 		ip6->saddr.in6_u.u6_addr32[3] = lb_settings.encap_src6[3] & ~lb_settings.encap_src6_vary;
 		__builtin_memcpy(&ip6->daddr, to->addr, 16);
-		if (gue) {
-			udp->source = bpf_htons(sport);
-			udp->dest = svc->gue_port;
-			udp->len = bpf_htons(sizeof(*udp) + l3len);
-			udp->check = 0;
-		}
+		if (gue)
+			gue_header(udp, sport, svc->gue_port, l3len);
 	}
 	return LB_TCX_PASS;
 }
