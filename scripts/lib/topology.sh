@@ -25,13 +25,24 @@ TOPO_CLIENTS6=fd99::1,fd99::51,fd99::52,fd99::53,fd99::54
 
 topo_ns() { ip netns exec "$@"; }
 
+# topo_netns NS: a new network namespace whose links skip IPv6 duplicate address detection, link-
+# local addresses included: a link-local address is tentative for a second or two after its link
+# comes up, and until then the kernel sends no neighbour solicitation from it, so a router just
+# wired could not resolve a backend, and the first packets lb sent through it (probes through an
+# IPv6 VIP at start) were lost. Real links have long settled. (nsenter, not ip netns exec, which
+# remounts /sys on every call.)
+topo_netns() {
+    ip netns add "$1"
+    nsenter --net="/run/netns/$1" sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
+}
+
 # topo_bench_pair GEN LB [QUEUES]: the benchmarks' two namespaces, joined by one veth pair (eth0
 # in each, with QUEUES queues each way, default 1): the generator 10.98.0.1/24; lb 10.98.0.2/24
 # with the VIP 10.98.0.100/32. Sets GMAC and LMAC to the two ends' addresses.
 topo_bench_pair() {
     local g=$1 l=$2 q=${3:-1} ns
-    ip netns add "$g"
-    ip netns add "$l"
+    topo_netns "$g"
+    topo_netns "$l"
     ip link add eth0 netns "$g" numtxqueues "$q" numrxqueues "$q" type veth peer name eth0 netns "$l" numtxqueues "$q" numrxqueues "$q"
     for ns in "$g" "$l"; do ip -n "$ns" link set lo up; ip -n "$ns" link set eth0 up; done
     ip -n "$g" addr add 10.98.0.1/24 dev eth0
@@ -45,7 +56,7 @@ topo_bench_pair() {
 # with QUEUES queues each way on both ends (default 1).
 topo_link() {
     local p=$1 name=$2 q=${3:-1}
-    ip netns add "$p-$name"
+    topo_netns "$p-$name"
     ip -n "$p-$name" link set lo up
     ip link add eth0 netns "$p-$name" numtxqueues "$q" numrxqueues "$q" type veth peer name "p-$name" netns "$p-sw" numtxqueues "$q" numrxqueues "$q"
     ip -n "$p-sw" link set "p-$name" master br0 up
@@ -99,7 +110,7 @@ topo_up() {
     local p=$1 n=$2 mode=$3 i
     [ -x "$TOPO_E2E" ] || { echo "topology: $TOPO_E2E is missing; cargo build --release --examples" >&2; return 1; }
     topo_down "$p"
-    ip netns add "$p-sw"
+    topo_netns "$p-sw"
     ip -n "$p-sw" link add br0 type bridge
     ip -n "$p-sw" link set br0 up
     topo_link "$p" client
@@ -190,7 +201,7 @@ topo_routed_decap() { # PREFIX I MODE
 
 topo_routed_backend() { # PREFIX I MODE
     local p=$1 i=$2 mode=$3 ns="$1-b$2"
-    ip netns add "$ns"
+    topo_netns "$ns"
     ip -n "$ns" link set lo up
     topo_wire "$p-router" "b$i" "$ns" eth0
     ip -n "$p-router" addr add "10.97.$i.1/24" dev "b$i"
@@ -216,7 +227,7 @@ topo_routed_up() { # PREFIX N MODE
     [ -x "$TOPO_E2E" ] && [ -x "$TOPO_LB" ] || { echo "topology: build first (cargo build --release --bins --examples)" >&2; return 1; }
     topo_down "$p"
     for a in client router lb; do
-        ip netns add "$p-$a"
+        topo_netns "$p-$a"
         ip -n "$p-$a" link set lo up
     done
     topo_ns "$p-router" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
@@ -279,10 +290,10 @@ topo_routed_wait() { # PREFIX N
 # router's c0, the router's eth0 on the bridge (10.96.0.1), forwarding with ECMP over the 5-tuple.
 topo_ecmp_router() { # PREFIX
     local p=$1 a
-    ip netns add "$p-sw"
+    topo_netns "$p-sw"
     ip -n "$p-sw" link add br0 type bridge
     ip -n "$p-sw" link set br0 up
-    ip netns add "$p-client"
+    topo_netns "$p-client"
     ip -n "$p-client" link set lo up
     topo_link "$p" router
     topo_wire "$p-client" eth0 "$p-router" c0
