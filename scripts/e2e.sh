@@ -88,6 +88,7 @@ TESTS=(
     "test_health_a_stopped_backend_leaves_and_comes_back native"
     "test_health_through_the_vip_catches_what_plain_probes_miss native gue"
     "test_health_through_the_vip_catches_what_plain_probes_miss generic gue"
+    "test_health_through_the_vip_catches_what_plain_probes_miss native ipip"
     "test_health_through_the_vip_catches_what_plain_probes_miss native l2"
     "test_health_through_the_vip_catches_what_plain_probes_miss generic l2"
     "test_health_signals_take_out_what_plain_probes_miss native"

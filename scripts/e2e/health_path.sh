@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Health checks through the data path (`health_check: {via: vip}`): a backend whose own address
 # answers every plain probe, while the path real connections take to it is broken. In turn on b2:
-# its `lb decap` stopped (GUE only: L2 needs none), the VIP gone from its loopback, its tunnel's
+# its `lb decap` stopped (GUE and IPIP only: L2 needs none), the VIP gone from its loopback, its tunnel's
 # packets (L2: its packets to the VIP) dropped by a firewall, its SYN-ACKs from the VIP dropped.
 # For each, the control first: under plain probes b2 stays in and its share of new connections
 # fails; then, probing through the VIP (a hot reload), b2 leaves within three probe intervals,
@@ -58,7 +58,7 @@ hp_round() { # NAME SOURCES
 }
 
 # Backend I's (b2's by default) breakage NAME, or its repair (REPAIR=1), in the topology TOPO
-# (l2: the bridge; gue: the routed one, whose router is $PREFIX-router).
+# (l2: the bridge; gue or ipip: the routed one, whose router is $PREFIX-router).
 hp_break() { # TOPO NAME MODE [REPAIR] [I]
     local topo=$1 what=$2 mode=$3 repair=${4:-} b2="$PREFIX-b${5:-2}"
     case "$what/$repair" in
@@ -70,13 +70,15 @@ hp_break() { # TOPO NAME MODE [REPAIR] [I]
         vip/) ip -n "$b2" addr del 10.99.0.100/32 dev lo ;;
         vip/1) ip -n "$b2" addr add 10.99.0.100/32 dev lo ;;
         firewall/)
-            if [ "$topo" = gue ]; then
-                # b2's own firewall comes after its XDP decap: the one in front of it drops GUE.
+            if [ "$topo" != l2 ]; then
+                # b2's own firewall comes after its XDP decap: the one in front of it drops the
+                # tunnel (GUE, or IPIP and IPv6-in-IPv6).
                 ip netns exec "$PREFIX-router" nft -f - <<EOF || fail "nft"
 table inet hp {
     chain to_b2 {
         type filter hook forward priority 0;
         oifname "b2" udp dport 6080 drop
+        oifname "b2" meta l4proto { 4, 41 } drop
     }
 }
 EOF
@@ -92,7 +94,7 @@ EOF
             fi
             ;;
         firewall/1)
-            if [ "$topo" = gue ]; then ip netns exec "$PREFIX-router" nft delete table inet hp; else ip netns exec "$b2" nft delete table inet hp; fi
+            if [ "$topo" != l2 ]; then ip netns exec "$PREFIX-router" nft delete table inet hp; else ip netns exec "$b2" nft delete table inet hp; fi
             ;;
         synack/)
             ip netns exec "$b2" nft -f - <<EOF || fail "nft"
@@ -112,11 +114,11 @@ EOF
 test_health_through_the_vip_catches_what_plain_probes_miss() { # MODE TOPO
     local mode=$1 topo=$2 sources b2addr breakages what n=0 t0 t1 failed control summary=""
     begin_test lbh teardown
-    if [ "$topo" = gue ]; then
+    if [ "$topo" != l2 ]; then
         topo_routed_up "$PREFIX" 3 "$mode" || fail "routed topology"
         sources=$TOPO_RCLIENTS4 b2addr=10.97.2.2 breakages="decap vip firewall synack"
         set -- b1 10.97.1.2 b2 10.97.2.2 b3 10.97.3.2
-        hp_web6 gue fd97: ::2
+        hp_web6 "$topo" fd97: ::2
     else
         topo_up "$PREFIX" 3 "$mode" || fail "topology"
         sources=$TOPO_CLIENTS4 b2addr=10.99.0.12 breakages="vip firewall synack"
