@@ -268,6 +268,10 @@ NFT
     hp_break l2 synack "$mode" "" 3
     hp_wait_log "signals: web backend b3 10.99.0.13 fails through the VIP too (through the VIP: timeout), but 1 of 3 are out by this rule already (at most a third): it stays" 1
     [ "$(grep -c "): out (" "$WORK/lb.log")" -eq 1 ] || fail "more than a third out by signals"
+    lb_scrape "$WORK/m1b"
+    grep -q '^lb_backend_signal_suspect{service="web",backend="b3"} 1$' "$WORK/m1b" || fail "lb_backend_signal_suspect of b3 is not 1"
+    grep -q '^lb_backend_signal_out{service="web",backend="b3"} 0$' "$WORK/m1b" || fail "b3, held in, is out by the metrics"
+    grep -q '^lb_backend_signal_suspect{service="web",backend="b1"} 0$' "$WORK/m1b" || fail "lb_backend_signal_suspect of b1 is not 0"
 
     # Repaired: both pass through the VIP; b2 is back, b3 no longer a suspect.
     hp_break l2 synack "$mode" 1

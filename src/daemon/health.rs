@@ -144,13 +144,18 @@ impl HealthChecks {
         Some(self.probes_due.map_or(next, |d| d.min(next)))
     }
 
+    /// Whether the signals made or cleared a suspect since the last call.
+    pub(super) fn take_suspects_changed(&mut self) -> bool {
+        self.signals.take_suspects_changed()
+    }
+
     /// The signals' probes' descriptor: readable when their results arrived.
     pub(super) fn signals_fd(&self) -> BorrowedFd<'_> {
         self.signals.as_fd()
     }
 
-    /// A backend's signals as last read, and whether they took it out.
-    pub(super) fn signals_of(&self, key: &Key) -> Option<(lb::health::signals::Signals, bool)> {
+    /// A backend's signals as last read, and whether they made it a suspect or took it out.
+    pub(super) fn signals_of(&self, key: &Key) -> Option<lb::metrics::BackendSignals> {
         self.signals.of(key)
     }
 

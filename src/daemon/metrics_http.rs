@@ -21,7 +21,6 @@ use prometheus_client::registry::Registry;
 
 use lb::config::{BackendState, Pool, WEIGHT_STEPS};
 use lb::load::{Adjustment, Key};
-use lb::health::signals::Signals;
 use lb::health::{HealthMap, Outcome, ProbeRecord};
 use lb::metrics::{encode_plane, rates, status_page, BackendModel, BackendSignals, Model, ServiceModel};
 use lb::stats::Snapshot;
@@ -373,12 +372,12 @@ impl Publisher {
     /// Publishes what is configured and served.
     /// `signals`: a backend's signals from real traffic as last read, and whether they took it
     /// out (None: not watched).
-    pub(super) fn publish(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, signals: &dyn Fn(&Key) -> Option<(Signals, bool)>, load: &HashMap<Key, Adjustment>) {
+    pub(super) fn publish(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, signals: &dyn Fn(&Key) -> Option<BackendSignals>, load: &HashMap<Key, Adjustment>) {
         let Some(m) = &self.metrics else { return };
         m.publish(self.model(dp, configured, health, signals, load));
     }
 
-    fn model(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, signals: &dyn Fn(&Key) -> Option<(Signals, bool)>, load: &HashMap<Key, Adjustment>) -> Model {
+    fn model(&self, dp: &Balancer, configured: &Pool, health: &HealthMap, signals: &dyn Fn(&Key) -> Option<BackendSignals>, load: &HashMap<Key, Adjustment>) -> Model {
         let mut services = Vec::new();
         for live in dp.installed() {
             let Some(conf) = configured.service(&live.name) else { continue };
@@ -395,7 +394,7 @@ impl Publisher {
                     let key = (live.name.clone(), b.identity.clone());
                     let h = health.get(&key);
                     let watched = conf.health_check.as_ref().is_some_and(|c| c.signals);
-                    let sig = if watched { Some(signals(&key).map_or_else(BackendSignals::default, |(counts, out)| BackendSignals { counts, out })) } else { None };
+                    let sig = if watched { Some(signals(&key).unwrap_or_default()) } else { None };
                     let out = sig.is_some_and(|x| x.out);
                     let healthy = h.is_none_or(|h| h.healthy) && !out;
                     let adjusted = load.get(&key);

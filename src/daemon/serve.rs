@@ -67,6 +67,10 @@ pub(super) fn serve(d: &mut Daemon, signals: &SignalFd, mut watcher: Option<Watc
         // Answers first: an install that health causes uses every answer already read.
         d.on_agent_answers()?;
         d.on_probe_results()?;
+        // A suspect made or cleared changes no table, but the metrics and the page say so.
+        if d.health.take_suspects_changed() {
+            d.publish();
+        }
         if d.fleet.is_some() {
             // The store's news (pools, the nodes' views) after this node's own observations.
             super::reload::follow_store(d)?;

@@ -66,6 +66,8 @@ pub(super) struct Outliers {
     /// Suspects cleared, and when: not suspects again for a window's length.
     dismissed: HashMap<Key, Instant>,
     next_tick: Instant,
+    /// A suspect was made or cleared since [`Outliers::take_suspects_changed`] last said so.
+    suspects_changed: bool,
 }
 
 impl AsFd for Outliers {
@@ -94,6 +96,7 @@ impl Outliers {
             controls: HashMap::new(),
             dismissed: HashMap::new(),
             next_tick: Instant::now() + TICK,
+            suspects_changed: false,
         })
     }
 
@@ -107,9 +110,9 @@ impl Outliers {
         self.suspects.get(key).is_some_and(|x| x.out)
     }
 
-    /// A backend's counters as last read, and whether it is out by this rule.
-    pub(super) fn of(&self, key: &Key) -> Option<(Signals, bool)> {
-        self.window.latest(key).map(|s| (s, self.is_out(key)))
+    /// A backend's counters as last read, and whether it is a suspect, and out by this rule.
+    pub(super) fn of(&self, key: &Key) -> Option<lb::metrics::BackendSignals> {
+        self.window.latest(key).map(|counts| lb::metrics::BackendSignals { counts, suspect: self.suspects.contains_key(key), out: self.is_out(key) })
     }
 
     /// Reads the counters when a second has passed, and judges each watched service.
@@ -118,6 +121,10 @@ impl Outliers {
             self.next_tick = now + TICK;
             self.read(pool, dp);
         }
+    }
+
+    pub(super) fn take_suspects_changed(&mut self) -> bool {
+        std::mem::take(&mut self.suspects_changed)
     }
 
     pub(super) fn has_suspects(&self) -> bool {
@@ -209,6 +216,7 @@ impl Outliers {
                     signals::WINDOW,
                     if best.is_finite() { best } else { 0.0 }
                 ));
+                self.suspects_changed = true;
                 self.suspects.insert(key.clone(), Suspect { next_probe: Instant::now(), successes: 0, failures: 0, out: false, said_held: false, said_unsent: false });
             }
         }
@@ -285,6 +293,7 @@ impl Outliers {
                     if x.successes >= check.rise {
                         let was_out = x.out;
                         self.suspects.remove(&key);
+                        self.suspects_changed = true;
                         self.dismissed.insert(key.clone(), Instant::now());
                         changed |= was_out;
                         let then = if was_out { "back" } else { "no longer a suspect" };

@@ -408,7 +408,7 @@ mod tests {
                         healthy: false,
                         health: "down (timeout)".into(),
                         probes: Some(timed_out()),
-                        signals: Some(BackendSignals { counts: crate::health::signals::Signals { syns: 40, syn_again: 12, reset_early: 0, no_data: 3 }, out: true }),
+                        signals: Some(BackendSignals { counts: crate::health::signals::Signals { syns: 40, syn_again: 12, reset_early: 0, no_data: 3 }, suspect: true, out: true }),
                         state: "drain".into(),
                         mac_known: false,
                     },
@@ -500,6 +500,7 @@ mod tests {
             "lb_backend_signals_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",signal=\"syns\"} 40",
             "lb_backend_signals_total{service=\"web\",backend=\"<b2 & \\\"x\\\">\",signal=\"no_data\"} 3",
             "lb_backend_signal_out{service=\"web\",backend=\"<b2 & \\\"x\\\">\"} 1",
+            "lb_backend_signal_suspect{service=\"web\",backend=\"<b2 & \\\"x\\\">\"} 1",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }

@@ -1,7 +1,8 @@
 //! The signals from real traffic in the metrics (crates/core/src/health/signals.rs), per
 //! watched backend: `lb_backend_signals_total{service,backend,signal}` (`syns`, `syn_again`,
 //! `reset_early`, `no_data`, as the data plane counts them) and `lb_backend_signal_out{service,backend}`
-//! (1 while the rule keeps it out); and the status page's words for them.
+//! (1 while the rule keeps it out), `lb_backend_signal_suspect{service,backend}` (1 while it is
+//! a suspect, probed through the VIP, in or out); and the status page's words for them.
 
 use std::fmt;
 
@@ -12,10 +13,12 @@ use prometheus_client::metrics::MetricType;
 
 use super::{family, BackendModel, Model};
 
-/// A watched backend's signals as last read, and whether they keep it out.
+/// A watched backend's signals as last read, whether they made it a suspect, and whether they
+/// keep it out (a backend out is a suspect too, until it passes through the VIP again).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendSignals {
     pub counts: crate::health::signals::Signals,
+    pub suspect: bool,
     pub out: bool,
 }
 
@@ -42,6 +45,13 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Res
     )?;
     family(
         encoder,
+        "lb_backend_signal_suspect",
+        "1 while a backend's signals stand out from its service's others (or did, and it has not yet passed enough probes through the VIP since): it is probed through the VIP, and out only while lb_backend_signal_out says so",
+        MetricType::Gauge,
+        watched(model).map(|(l, x)| (l, ConstGauge::new(x.suspect as i64))),
+    )?;
+    family(
+        encoder,
         "lb_backend_signal_out",
         "1 while a backend is out because its signals stood out from its service's others and its probe through the VIP failed",
         MetricType::Gauge,
@@ -49,9 +59,14 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, model: &Model) -> fmt::Res
     )
 }
 
-/// The status page's words: `12 SYNs again, 0 resets, 3 without data of 40 connections; out`.
+/// The status page's words: `12 SYNs again, 0 resets, 3 without data of 40 connections; out`
+/// (or `; suspect` while probed through the VIP and in).
 pub(super) fn words(b: &BackendModel) -> String {
-    match b.signals {
+    describe(b.signals)
+}
+
+fn describe(signals: Option<BackendSignals>) -> String {
+    match signals {
         None => "not watched".to_string(),
         Some(x) => format!(
             "{} SYNs again, {} resets, {} without data of {} connections{}",
@@ -59,7 +74,27 @@ pub(super) fn words(b: &BackendModel) -> String {
             x.counts.reset_early,
             x.counts.no_data,
             x.counts.syns,
-            if x.out { "; out" } else { "" }
+            if x.out {
+                "; out"
+            } else if x.suspect {
+                "; suspect"
+            } else {
+                ""
+            }
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_says_suspect_while_probed_and_in_and_out_once_out() {
+        let suspect = BackendSignals { suspect: true, ..BackendSignals::default() };
+        assert_eq!(describe(Some(suspect)), "0 SYNs again, 0 resets, 0 without data of 0 connections; suspect");
+        assert!(describe(Some(BackendSignals { out: true, ..suspect })).ends_with("; out"));
+        assert!(describe(Some(BackendSignals::default())).ends_with("connections"));
+        assert_eq!(describe(None), "not watched");
     }
 }
