@@ -419,3 +419,29 @@ fn root_signals_count_connections_that_end_without_data_once() {
     tcp_ack(&dp, src, 2000, FIN | ACK, 0x1234_5679);
     assert_eq!(no_data(&dp), 0, "guard off");
 }
+
+/// The same over IPv6 (its own parsing path calls the same check): a FIN acknowledging only the
+/// SYN-ACK counts, one acknowledging a byte more does not.
+#[test]
+fn root_signals_count_ipv6_connections_that_end_without_data() {
+    const FIN: u8 = 0x01;
+    let p = pool("services:\n  - name: web6\n    vip: fd00::100\n    port: 80\n    hash: flow\n    backends: [fd00::11, fd00::12, fd00::13]\n");
+    let dp = common::tracked_plane(&p, lb::dataplane::DEFAULT_CONNTRACK_SIZE, true, mac);
+    let src: std::net::Ipv6Addr = "2001:db8::9".parse().expect("ip");
+    let send = |sport: u16, flags: u8, ack: u32| {
+        let mut frame = ipv6(src, "fd00::100".parse().expect("ip"), L4::Tcp { sport, dport: 80, flags }, None, &[]);
+        // Ethernet (14) and IPv6 (40) headers, then the TCP header's acknowledgment number at 8.
+        frame[62..66].copy_from_slice(&ack.to_be_bytes());
+        let (action, _) = dp.test_run(&frame).expect("run");
+        assert_eq!(action, XDP_TX);
+    };
+    let no_data = || -> u64 { dp.installed()[0].backends.iter().map(|b| dp.signals(b.id).expect("signals").no_data).sum() };
+    send(3000, SYN, 0);
+    send(3000, ACK, 0x7777_0001);
+    send(3000, FIN | ACK, 0x7777_0001);
+    assert_eq!(no_data(), 1, "a FIN acknowledging only the SYN-ACK");
+    send(3001, SYN, 0);
+    send(3001, ACK, 0x6666_0001);
+    send(3001, FIN | ACK, 0x6666_0002);
+    assert_eq!(no_data(), 1, "a FIN acknowledging the backend's byte");
+}
