@@ -383,7 +383,10 @@ fn tcp_ack(dp: &Balancer, src: Ipv4Addr, sport: u16, flags: u8, ack: u32) -> IpA
 fn root_signals_count_connections_that_end_without_data_once() {
     const FIN: u8 = 0x01;
     const PSH: u8 = 0x08;
-    let no_data = |dp: &Balancer| -> u64 { ["10.99.0.11", "10.99.0.12", "10.99.0.13"].iter().map(|a| dp.signals(id_of(dp, "web", ip(a))).expect("signals").no_data).sum() };
+    let no_data = |dp: &Balancer| -> u64 {
+        let web = dp.installed().iter().find(|s| s.name == "web").expect("web");
+        web.backends.iter().map(|b| dp.signals(b.id).expect("signals").no_data).sum()
+    };
     let (dp, _) = setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, true);
     let src = v4("192.0.2.8");
     // The backend answered the handshake (its ISN + 1 = 0x1234_5679), then sent nothing.
@@ -392,7 +395,8 @@ fn root_signals_count_connections_that_end_without_data_once() {
     tcp_ack(&dp, src, 2000, ACK | PSH, 0x1234_5679);
     assert_eq!(no_data(&dp), 0, "nothing before the client ends it");
     tcp_ack(&dp, src, 2000, FIN | ACK, 0x1234_5679);
-    assert_eq!(dp.signals(id_of(&dp, "web", first)).expect("signals").no_data, 1, "a FIN acknowledging only the SYN-ACK, on its backend");
+    let one = dp.signals(id_of(&dp, "web", first)).expect("signals");
+    assert_eq!((one.handshakes, one.no_data), (1, 1), "a FIN acknowledging only the SYN-ACK, on its backend");
     tcp_ack(&dp, src, 2000, FIN | ACK, 0x1234_5679);
     assert_eq!(no_data(&dp), 1, "a FIN sent again counts once");
     // A connection that got 500 bytes, then ended: nothing.
@@ -400,18 +404,49 @@ fn root_signals_count_connections_that_end_without_data_once() {
     tcp_ack(&dp, src, 2001, ACK, 0x0abc_0001);
     tcp_ack(&dp, src, 2001, FIN | ACK, 0x0abc_0001 + 500);
     assert_eq!(no_data(&dp), 1, "a connection that got data");
-    // Another flow's FIN with the first flow's number: nothing (the number is the backend's
-    // random ISN, and the cell holds the flow hash's bits too).
+    // Another flow's FIN with this flow's number, on a tuple whose flow hash picks the same
+    // cell (its low 18 bits are the same) but differs in its top 8 bits: nothing.
     tcp_ack(&dp, src, 2002, SYN, 0);
     tcp_ack(&dp, src, 2002, ACK, 0x5555_0001);
-    tcp_ack(&dp, src, 2003, FIN | ACK, 0x5555_0001);
-    assert_eq!(no_data(&dp), 1, "another flow's FIN");
+    let hash = |src: Ipv4Addr, sport: u16| flow_hash(HashMode::Flow, src.into(), ip("10.99.0.100"), sport, 80, 6);
+    let mine = hash(src, 2002);
+    let other = (0..4_000_000u32)
+        .map(|i| (Ipv4Addr::from(0xc633_6400 + (i >> 16)), (i & 0xffff) as u16))
+        .find(|&(s, p)| {
+            let h = hash(s, p);
+            (h ^ mine) & 0x3ffff == 0 && (h ^ mine) & 0xff00_0000 != 0
+        })
+        .expect("a tuple sharing the cell");
+    tcp_ack(&dp, other.0, other.1, FIN | ACK, 0x5555_0001);
+    assert_eq!(no_data(&dp), 1, "another flow's FIN, in the same cell");
     // An RST without ACK carries no acknowledgment: nothing; the client's RST with ACK counts.
     tcp_ack(&dp, src, 2002, RST, 0x5555_0001);
     assert_eq!(no_data(&dp), 1, "an RST without ACK");
     let b = tcp_ack(&dp, src, 2002, RST | ACK, 0x5555_0001);
     assert_eq!(dp.signals(id_of(&dp, "web", b)).expect("signals").no_data, 1 + u64::from(b == first), "an RST with ACK");
     assert_eq!(no_data(&dp), 2);
+    // A FIN as the flow's second packet (the client closed before its handshake's ACK went
+    // out, or it was lost) is not a handshake to watch: a FIN sent again counts nothing.
+    tcp_ack(&dp, src, 2004, SYN, 0);
+    tcp_ack(&dp, src, 2004, FIN | ACK, 0x4444_0001);
+    tcp_ack(&dp, src, 2004, FIN | ACK, 0x4444_0001);
+    assert_eq!(no_data(&dp), 2, "a FIN that made the flow's entry");
+    // A backend's id given to another backend: a FIN of a flow the old one was sent counts
+    // for neither (the cell holds the id's generation).
+    tcp_ack(&dp, src, 2005, SYN, 0);
+    let b = tcp_ack(&dp, src, 2005, ACK, 0x3333_0001);
+    let old_id = id_of(&dp, "web", b);
+    let others: Vec<&str> = ["10.99.0.11", "10.99.0.12", "10.99.0.13"].into_iter().filter(|a| ip(a) != b).collect();
+    let mut dp = dp;
+    dp.apply(&pool(&A.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", &format!("[{}]", others.join(", "))))).expect("apply");
+    // Past the removed id's quarantine (lb::plan), so that the next backend takes it.
+    std::thread::sleep(lb::plan::QUARANTINE * 2);
+    dp.apply(&pool(&A.replace("[10.99.0.11, 10.99.0.12, 10.99.0.13]", &format!("[{}, 10.99.0.14]", others.join(", "))))).expect("apply");
+    assert!(dp.installed().iter().any(|s| s.backends.iter().any(|x| x.id == old_id && x.address == ip("10.99.0.14"))), "a new backend has the removed one's id");
+    let before = no_data(&dp);
+    tcp_ack(&dp, src, 2005, FIN | ACK, 0x3333_0001);
+    assert_eq!(no_data(&dp), before, "a FIN of the id's earlier backend");
+    assert_eq!(dp.signals(old_id).expect("signals").no_data, 0);
     // Without the guard, the handshake's ACK is not told from any other packet: nothing.
     let (dp, _) = setup_with(lb::dataplane::DEFAULT_CONNTRACK_SIZE, false);
     tcp_ack(&dp, src, 2000, SYN, 0);

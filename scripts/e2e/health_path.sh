@@ -262,7 +262,7 @@ NFT
     n=$(awk '$1 == "lb_backend_signals_total{service=\"web\",backend=\"b2\",signal=\"syn_again\"}" {print $2}' "$WORK/m1")
     [ "${n:-0}" -ge 20 ] || fail "b2's SYNs sent again: ${n:-no series}"
     lb_scrape "$WORK/page.html" /
-    grep -q '<td class="signals">[0-9]* SYNs again, [0-9]* resets, [0-9]* without data of [0-9]* connections; out</td>' "$WORK/page.html" || fail "the status page does not show b2's signals"
+    grep -q '<td class="signals">[0-9]* SYNs again, [0-9]* resets of [0-9]* connections, [0-9]* without data of [0-9]* handshakes; out</td>' "$WORK/page.html" || fail "the status page does not show b2's signals"
 
     # b3 broken too: it stands out and fails through the VIP, but a third of three is out.
     hp_break l2 synack "$mode" "" 3

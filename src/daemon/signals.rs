@@ -199,22 +199,24 @@ impl Outliers {
                 judged.push((key.clone(), self.window.growth(&key)));
             }
             let growth: Vec<Signals> = judged.iter().map(|j| j.1).collect();
-            let best = growth.iter().filter(|g| g.syns >= signals::MIN_SYNS).map(|g| g.bad_share()).fold(f64::INFINITY, f64::min);
             for i in signals::outliers(&growth) {
+                let best = signals::best_of_peers(&growth, i).map(|b| b.unwrap_or(0.0));
                 let (key, g) = &judged[i];
                 if self.suspects.contains_key(key) || self.dismissed.get(key).is_some_and(|t| t.elapsed() < TICK * signals::WINDOW as u32) {
                     continue;
                 }
                 log(format!(
-                    "signals: {} backend {} stands out: {} SYNs sent again, {} early resets and {} ends without data for {} connections in {} s (its peers' best: {:.2} a connection); probing it through the VIP",
+                    "signals: {} backend {} stands out: {} SYNs sent again, {} early resets and {} ends without data for {} connections ({} handshakes watched) in {} s (its peers' best: {:.2} failed handshakes a connection, {:.2} ends without data a handshake); probing it through the VIP",
                     s.name,
                     label_of(pool, &key.0, &key.1),
                     g.syn_again,
                     g.reset_early,
                     g.no_data,
                     g.syns,
+                    g.handshakes,
                     signals::WINDOW,
-                    if best.is_finite() { best } else { 0.0 }
+                    best[0],
+                    best[1]
                 ));
                 self.suspects_changed = true;
                 self.suspects.insert(key.clone(), Suspect { next_probe: Instant::now(), successes: 0, failures: 0, out: false, said_held: false, said_unsent: false });

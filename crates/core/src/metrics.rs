@@ -408,7 +408,7 @@ mod tests {
                         healthy: false,
                         health: "down (timeout)".into(),
                         probes: Some(timed_out()),
-                        signals: Some(BackendSignals { counts: crate::health::signals::Signals { syns: 40, syn_again: 12, reset_early: 0, no_data: 3 }, suspect: true, out: true }),
+                        signals: Some(BackendSignals { counts: crate::health::signals::Signals { syns: 40, syn_again: 12, reset_early: 0, handshakes: 28, no_data: 3 }, suspect: true, out: true }),
                         state: "drain".into(),
                         mac_known: false,
                     },
@@ -522,7 +522,7 @@ mod tests {
         assert!(page.contains("<td class=\"probe\">not yet</td>"), "b1 is checked, not probed yet: {page}");
         assert!(page.contains("<td class=\"probe\">timeout, 250.0 ms</td>"), "b2's one probe: {page}");
         assert!(page.contains("<td class=\"signals\">not watched</td>"), "b1's service watches no signals for it: {page}");
-        assert!(page.contains("<td class=\"signals\">12 SYNs again, 0 resets, 3 without data of 40 connections; out</td>"), "b2's signals: {page}");
+        assert!(page.contains("<td class=\"signals\">12 SYNs again, 0 resets of 40 connections, 3 without data of 28 handshakes; out</td>"), "b2's signals: {page}");
         // The metric with no watched backend stays out of b1's series.
         assert!(!text(&model(), &snap(30, 12)).contains("lb_backend_signal_out{service=\"web\",backend=\"b1\"}"));
         assert!(page.contains("http-equiv=\"refresh\""));

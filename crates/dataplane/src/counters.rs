@@ -214,6 +214,7 @@ fn signals_of(map: &dyn MapCore, id: u32) -> Result<Signals> {
         s.syn_again += cpu.syn_again;
         s.reset_early += cpu.reset_early;
         s.no_data += cpu.no_data;
+        s.handshakes += cpu.handshakes;
     })
 }
 

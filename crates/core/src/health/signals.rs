@@ -4,11 +4,13 @@
 //! attach` reads the counters once a second and feeds them here.
 //!
 //! The rule (docs/operating.md, "Signals from real traffic"): over the last [`WINDOW`] readings,
-//! a backend's *bad share* is its SYNs sent again, its clients' early resets and its connections
-//! that ended with no data from it, per connection it was sent. A backend with at least [`MIN_SYNS`] connections is an outlier when its bad share
-//! is at least [`MIN_BAD`] and more than [`FACTOR`] times the lowest of its service's other
-//! backends' (those with enough connections to judge) plus [`MARGIN`]: it is compared with the
-//! best of its peers, so that several bad backends do not hide each other. Loss on the clients'
+//! a backend has two *bad shares*, each per connection it was sent: its failed handshakes (SYNs
+//! sent again plus its clients' early resets) and its ends without data. A backend with at least
+//! [`MIN_SYNS`] connections is an outlier when either share is at least [`MIN_BAD`] and more than
+//! [`FACTOR`] times the lowest of the same share among its service's other backends (those with
+//! enough connections to judge) plus [`MARGIN`]: it is compared with the best of its peers, so
+//! that several bad backends do not hide each other, and each share with its own kind, so that
+//! what every backend has of one (clients that close unread) does not hide the other. Loss on the clients'
 //! side raises every backend's share alike and so makes no outlier; a backend alone, or one whose
 //! peers have too few connections to compare with, is never one. An outlier is only a suspect:
 //! the controller probes it through the VIP at once, and takes it out only when that fails too,
@@ -25,19 +27,25 @@ pub struct Signals {
     pub syn_again: u64,
     /// A client RST as a flow's second packet: it aborted the handshake.
     pub reset_early: u64,
+    /// Handshakes completed whose end is watched (the flow's second packet made its entry and
+    /// noted what it acknowledged): what `no_data` is a share of.
+    pub handshakes: u64,
     /// A client FIN or RST that acknowledges nothing past the SYN-ACK: the connection ended
     /// with no data from the backend.
     pub no_data: u64,
 }
 
+/// The kinds of bad share, each judged on its own: failed handshakes, ends without data.
+pub const KINDS: usize = 2;
+
 impl Signals {
-    /// The bad share: SYNs again, early resets and ends without data per connection begun (0
-    /// with none begun).
-    pub fn bad_share(&self) -> f64 {
-        if self.syns == 0 {
-            return 0.0;
-        }
-        (self.syn_again + self.reset_early + self.no_data) as f64 / self.syns as f64
+    /// Bad share `kind`, where there is enough to judge it: failed handshakes (SYNs again and
+    /// early resets) per connection begun, with at least [`MIN_SYNS`] begun; ends without data
+    /// per handshake watched, with at least [`MIN_SYNS`] watched (a backend that completes no
+    /// handshake ends none without data, and is judged by its failed handshakes alone).
+    pub fn bad_share(&self, kind: usize) -> Option<f64> {
+        let (bad, of) = if kind == 0 { (self.syn_again + self.reset_early, self.syns) } else { (self.no_data, self.handshakes) };
+        (of >= MIN_SYNS).then(|| bad as f64 / of as f64)
     }
 
     fn since(&self, earlier: &Signals) -> Signals {
@@ -45,6 +53,7 @@ impl Signals {
             syns: self.syns.saturating_sub(earlier.syns),
             syn_again: self.syn_again.saturating_sub(earlier.syn_again),
             reset_early: self.reset_early.saturating_sub(earlier.reset_early),
+            handshakes: self.handshakes.saturating_sub(earlier.handshakes),
             no_data: self.no_data.saturating_sub(earlier.no_data),
         }
     }
@@ -52,7 +61,7 @@ impl Signals {
     /// Whether any counter went down since `earlier`: the counters were reset (the backend's id
     /// given to another backend, a restart).
     fn went_back(&self, earlier: &Signals) -> bool {
-        self.syns < earlier.syns || self.syn_again < earlier.syn_again || self.reset_early < earlier.reset_early || self.no_data < earlier.no_data
+        self.syns < earlier.syns || self.syn_again < earlier.syn_again || self.reset_early < earlier.reset_early || self.handshakes < earlier.handshakes || self.no_data < earlier.no_data
     }
 }
 
@@ -120,18 +129,21 @@ impl<K: std::hash::Hash + Eq + Clone> Window<K> {
 /// The outliers among one service's backends, given each one's growth over the window: their
 /// indices in `backends`.
 pub fn outliers(backends: &[Signals]) -> Vec<usize> {
-    let judged: Vec<usize> = (0..backends.len()).filter(|&i| backends[i].syns >= MIN_SYNS).collect();
-    let mut out = Vec::new();
-    for &i in &judged {
-        let Some(best) = judged.iter().filter(|&&j| j != i).map(|&j| backends[j].bad_share()).min_by(|a, b| a.total_cmp(b)) else {
-            continue;
-        };
-        let share = backends[i].bad_share();
-        if share >= MIN_BAD && share > FACTOR * best + MARGIN {
-            out.push(i);
-        }
-    }
-    out
+    (0..backends.len())
+        .filter(|&i| {
+            let best = best_of_peers(backends, i);
+            (0..KINDS).any(|k| match (backends[i].bad_share(k), best[k]) {
+                (Some(mine), Some(best)) => mine >= MIN_BAD && mine > FACTOR * best + MARGIN,
+                _ => false,
+            })
+        })
+        .collect()
+}
+
+/// The lowest of each kind of bad share among the backends other than `i` that have enough to
+/// judge it (None: none has).
+pub fn best_of_peers(backends: &[Signals], i: usize) -> [Option<f64>; KINDS] {
+    std::array::from_fn(|k| (0..backends.len()).filter(|&j| j != i).filter_map(|j| backends[j].bad_share(k)).min_by(|a, b| a.total_cmp(b)))
 }
 
 #[cfg(test)]
@@ -139,7 +151,7 @@ mod tests {
     use super::*;
 
     fn s(syns: u64, again: u64, resets: u64) -> Signals {
-        Signals { syns, syn_again: again, reset_early: resets, no_data: 0 }
+        Signals { syns, syn_again: again, reset_early: resets, ..Signals::default() }
     }
 
     #[test]
@@ -152,11 +164,24 @@ mod tests {
 
     #[test]
     fn connections_that_end_without_data_count_as_much() {
-        let quiet = |syns, no_data| Signals { syns, no_data, ..Signals::default() };
+        let quiet = |handshakes, no_data| Signals { syns: handshakes, handshakes, no_data, ..Signals::default() };
         // b2 answers the handshake, then nothing: its clients give up.
         assert_eq!(outliers(&[quiet(100, 2), quiet(100, 70), quiet(200, 3)]), vec![1]);
-        // Clients that close unread on every backend alike (a checker that only connects): none.
-        assert!(outliers(&[quiet(100, 40), quiet(100, 45), quiet(200, 90)]).is_empty());
+        // Clients that close unread on every backend alike (a checker that only connects), even
+        // more than half of them: none.
+        assert!(outliers(&[quiet(100, 60), quiet(100, 65), quiet(200, 130)]).is_empty());
+        // ... and they do not hide a backend whose SYN-ACKs never come: its failed handshakes
+        // are compared with its peers' failed handshakes, not with their ends without data. (A
+        // backend that completes no handshake ends none without data.)
+        let peer = Signals { syns: 100, handshakes: 100, no_data: 60, ..Signals::default() };
+        let lost = Signals { syns: 100, syn_again: 150, ..Signals::default() };
+        assert_eq!(outliers(&[peer, lost, peer]), vec![1]);
+        // Nor does a backend with a few failed handshakes hide its ends without data.
+        let bad = Signals { syns: 100, syn_again: 10, handshakes: 90, no_data: 80, ..Signals::default() };
+        let good = Signals { syns: 100, syn_again: 12, handshakes: 88, no_data: 5, ..Signals::default() };
+        assert_eq!(outliers(&[good, bad, good]), vec![1]);
+        // Ends without data are a share of the handshakes watched: few watched, not judged.
+        assert!(outliers(&[quiet(100, 2), Signals { syns: 100, handshakes: 20, no_data: 20, ..Signals::default() }, quiet(100, 3)]).is_empty());
         // A counter of no_data that went back starts the window over, as the others do.
         let mut w = Window::default();
         w.record(&"b2", quiet(10, 5));

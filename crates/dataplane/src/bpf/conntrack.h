@@ -126,7 +126,7 @@ static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
  * again goes where the first went; the flow's next packet makes it established, if its buckets
  * have room it may take, or is followed through the record; an RST shortens the record's life.
  * A record whose backend is gone or down is re-picked first. `ack`: the acknowledgment number
- * of a TCP packet with ACK (else 0), which the promotion hands to the no_data signal
+ * of a TCP packet with ACK and without FIN (else 0), which the promotion hands to the no_data signal
  * (conntrack_map.h, ct_quiet), with the flow hash `hash`. Part of ct_choose(). */
 static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at, __u64 tag, __u32 slot, __u32 slots,
 					   __u32 now, __u32 timeout, __u32 pflags, int syn, int rst, __u32 hash, __u32 ack)
@@ -169,7 +169,7 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
 			count(LB_CT_NEW, 0);
 			flow_end(pe, tag);
 			/* Normally the handshake's ACK: the no_data signal watches how the flow ends. */
-			quiet_note(hash, ack, f.backend);
+			quiet_note(hash, ack, f.backend, f.gen);
 		} else {
 			/* Followed through its half-open record, which is kept
 			 * fresh as a tracked flow's entry is (and cleared of a reset):
@@ -275,7 +275,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 		pe = flow_find(&flow_pending, pmask, 1, tag, &w, &at);
 		if (pe)
 			return ct_half_open(pe, w, at, tag, slot, slots, now, timeout, pflags, syn, rst, hash,
-					    proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_ACK) ? ack : 0);
+					    proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_FIN)) == TCP_FLAG_ACK ? ack : 0);
 		id = pick_slot(slots, slot);
 		if (id == 0)
 			return 0;
@@ -461,6 +461,7 @@ static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc
  * once for both families. Returns 0. */
 __noinline int ct_quiet_end(__u32 hash, __u32 ack)
 {
+	__u32 id, *gen;
 	__u64 *cell, w;
 
 	if (ack == 0)
@@ -469,10 +470,13 @@ __noinline int ct_quiet_end(__u32 hash, __u32 ack)
 	if (!cell)
 		return 0;
 	w = *(volatile __u64 *)cell;
-	if (w != quiet_word(hash, ack, w & 0xffff))
+	if (!quiet_match(w, hash, ack) || __sync_val_compare_and_swap(cell, w, 0) != w)
 		return 0;
-	if (__sync_val_compare_and_swap(cell, w, 0) == w)
-		add_signal(w & 0xffff, LB_SIGNAL_NO_DATA);
+	/* Counted for the backend only while its id has the generation the flow was sent to. */
+	id = w & 0xffff;
+	gen = bpf_map_lookup_elem(&backend_gen, &id);
+	if (gen && (*gen & 0xff) == ((w >> 16) & 0xff))
+		add_signal(id, LB_SIGNAL_NO_DATA);
 	return 0;
 }
 

@@ -63,23 +63,25 @@ enum lb_signal {
 	LB_SIGNAL_SYN_AGAIN = 1,
 	LB_SIGNAL_RESET_EARLY = 2,
 	LB_SIGNAL_NO_DATA = 3,
+	LB_SIGNAL_HANDSHAKE = 4,
 };
 
 /* Handshakes whose end is watched for the no_data signal (struct lb_signals): when a flow is
  * promoted at its second packet (ct_guard), normally the handshake's ACK, its acknowledgment
  * number (the backend's initial sequence number + 1, as the packet's bytes) is written to cell
- * `(hash ^ ack) % LB_CT_QUIET` as one word: the ack in the high half, the flow hash's high 16
- * bits and the backend id in the low half (quiet_word()). A client FIN or RST that carries the
- * same ack and hash has acknowledged nothing the backend sent since its SYN-ACK: the cell is
- * cleared (so a retransmitted FIN counts once) and the backend's no_data counted
- * (ct_quiet_end(), conntrack.h). Sampling, not tracking: another handshake landing on the cell
- * before the flow ends takes it, and that flow is not judged; with 2^18 cells, a flow lives
- * through about 2^18 other handshakes (at 10,000 new connections a second, 26 s), and a lost
- * sample is as likely on every backend. A match needs the backend's 32-bit random ISN and 16
- * bits of the flow hash, so a spoofed FIN cannot count or clear another flow's cell except by a
- * 1-in-2^48 guess; a client that closes its own connections unread counts what it did, as
- * with the other signals (docs/security.md). 2 MiB, shared by all CPUs (a flow's FIN may come
- * on another CPU than its ACK), never pinned. */
+ * `(hash ^ ack) % LB_CT_QUIET` as one word (quiet_word()): the ack in the high half; the flow
+ * hash's top 8 bits, the low 8 bits of the backend id's generation and the backend id in the low
+ * half; and the backend's `handshakes` is counted. A client FIN or RST that carries the same ack
+ * and hash has acknowledged nothing the backend sent since its SYN-ACK: the cell is cleared (so
+ * a retransmitted FIN counts once) and, if the id still has that generation, the backend's
+ * no_data counted (ct_quiet_end(), conntrack.h). Sampling, not tracking: another handshake
+ * landing on the cell before the flow ends takes it, and that flow is not judged; with 2^18
+ * cells, a flow lives through about 2^18 other handshakes (at 10,000 new connections a second,
+ * 26 s), and a lost sample is as likely on every backend. A FIN sent on another tuple matches
+ * only by a 1-in-2^40 guess, on the flow's own tuple by a 1-in-2^32 guess of the backend's
+ * random ISN, so nobody can count or clear a connection's cell without seeing its packets; what
+ * anybody can do is make handshakes of their own (docs/security.md). 2 MiB, shared by all CPUs
+ * (a flow's FIN may come on another CPU than its ACK), never pinned. */
 #define LB_CT_QUIET (1u << 18)
 
 struct {
@@ -97,22 +99,15 @@ static __always_inline __u64 *quiet_cell(__u32 hash, __u32 ack)
 	return bpf_map_lookup_elem(&ct_quiet, &k);
 }
 
-static __always_inline __u64 quiet_word(__u32 hash, __u32 ack, __u32 backend)
+static __always_inline __u64 quiet_word(__u32 hash, __u32 ack, __u32 backend, __u32 gen)
 {
-	return (__u64)ack << 32 | (hash & 0xffff0000) | (backend & 0xffff);
+	return (__u64)ack << 32 | (hash & 0xff000000) | (gen & 0xff) << 16 | (backend & 0xffff);
 }
 
-/* Watches the end of the flow of hash `hash`, sent to `backend`, whose handshake's ACK
- * acknowledges `ack` (0: nothing to watch). */
-static __always_inline void quiet_note(__u32 hash, __u32 ack, __u32 backend)
+/* Whether cell word `w` is the one a flow of hash `hash` acknowledging `ack` noted. */
+static __always_inline int quiet_match(__u64 w, __u32 hash, __u32 ack)
 {
-	__u64 *cell;
-
-	if (ack == 0)
-		return;
-	cell = quiet_cell(hash, ack);
-	if (cell)
-		*(volatile __u64 *)cell = quiet_word(hash, ack, backend);
+	return (__u32)(w >> 32) == ack && ((__u32)w & 0xff000000) == (hash & 0xff000000);
 }
 
 /* Adds one to backend `id`'s signal `which`. */
@@ -128,8 +123,25 @@ static __always_inline void add_signal(__u32 id, __u32 which)
 		s->syn_again += 1;
 	else if (which == LB_SIGNAL_RESET_EARLY)
 		s->reset_early += 1;
-	else
+	else if (which == LB_SIGNAL_NO_DATA)
 		s->no_data += 1;
+	else
+		s->handshakes += 1;
+}
+
+/* Watches the end of the flow of hash `hash`, sent to `backend` of generation `gen`, whose
+ * handshake's ACK acknowledges `ack` (0: nothing to watch), and counts the handshake. */
+static __always_inline void quiet_note(__u32 hash, __u32 ack, __u32 backend, __u32 gen)
+{
+	__u64 *cell;
+
+	if (ack == 0)
+		return;
+	cell = quiet_cell(hash, ack);
+	if (!cell)
+		return;
+	*(volatile __u64 *)cell = quiet_word(hash, ack, backend, gen);
+	add_signal(backend, LB_SIGNAL_HANDSHAKE);
 }
 
 #endif /* LB_CONNTRACK_MAP_H */

@@ -482,6 +482,7 @@ struct lb_signals {
 			    * connection ended with no data from the backend (with ct_guard: the
 			    * handshake's ACK is known at the flow's second packet; conntrack_map.h,
 			    * ct_quiet) */
+	__u64 handshakes;  /* handshakes whose end is watched for no_data (its denominator) */
 };
 
 #endif /* LB_H */
