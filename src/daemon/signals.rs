@@ -1,8 +1,9 @@
 //! Signals from real traffic in `lb attach` (docs/operating.md, "Signals from real traffic"):
 //! once a second, each checked tracked TCP service's backends' counters are read from the data
 //! plane and judged by lb::health::signals; an outlier becomes a suspect, probed through the VIP
-//! at once and then every check interval (the check itself, sent to the VIP, where it probes
-//! the service's own port; else a TCP connect to the service's port), on threads of its own, together with one of its peers that is
+//! at once and then every check interval (the check itself where it is `via: vip`; an HTTP
+//! check on the service's own port, passing on any answer; else a TCP connect to the service's
+//! port), on threads of its own, together with one of its peers that is
 //! no suspect (the control). A suspect is out after `fall` failed probes in a row, and only while
 //! the control passes (a way through the VIP that fails for everyone is the path's fault, not the
 //! suspect's), and only while fewer than a third of its service's backends are out by this rule.
@@ -138,15 +139,21 @@ impl Outliers {
         let mut next = self.next_tick;
         for s in pool.services.iter().filter(|s| watched(s)) {
             let Some(check) = &s.health_check else { continue };
-            // A connection to the service, as clients make: the check itself where it probes
-            // the service's own port (an HTTP check then asks for data, which a backend whose
-            // connections end without any fails), else a TCP connect to that port.
+            // A connection to the service, as clients make: the check itself where it goes
+            // through the VIP already; else an HTTP check on the service's own port asks for
+            // data, which a backend whose connections end without any fails, and passes on any
+            // status line (its path or Host may mean nothing to the service's listener: an
+            // answer is what it looks for); else a TCP connect to the service's port.
             let mut c = check.clone();
-            if c.port != s.port {
-                c.kind = CheckKind::Tcp;
+            if c.via != lb::config::ProbeVia::Vip {
+                if c.kind != CheckKind::Tcp && c.port == s.port {
+                    c.expect = (100, 599);
+                } else {
+                    c.kind = CheckKind::Tcp;
+                }
                 c.port = s.port;
+                c.via = lb::config::ProbeVia::Vip;
             }
-            c.via = lb::config::ProbeVia::Vip;
             let mut any_due = false;
             for b in &s.backends {
                 let key = (s.name.clone(), b.identity());

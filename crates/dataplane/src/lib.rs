@@ -65,6 +65,16 @@ use mapped::SlotsMapping;
 /// being replaced.
 pub const DEFAULT_TABLE_CAPACITY: u32 = 1 << 22;
 
+/// What the verifier said of lb_xdp ([`Dataplane::verifier_steps`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifierStats {
+    /// Instructions it walked (the kernel refuses a program past 1,000,000).
+    pub steps: u64,
+    /// Stack bytes of the program's own frame, then of each function it calls (the kernel
+    /// refuses a call chain past 512 in all).
+    pub stack: Vec<u32>,
+}
+
 /// The loaded program and its maps, and what writing them needs to know beyond what an
 /// operation says: the neighbours' MACs and the backends' counter generations.
 pub struct Dataplane {
@@ -244,12 +254,13 @@ impl Dataplane {
     }
 
     /// How much the kernel's verifier had to walk to accept the XDP program: the instructions it
-    /// processed, against its budget of 1,000,000 (past it, the program does not load at all).
+    /// processed, against its budget of 1,000,000 (past it, the program does not load at all),
+    /// and the stack each of its frames takes, against the 512 bytes of a call chain.
     /// Loads the program once more, unattached, with the verifier's statistics asked for. The
     /// count is what a restart's load time follows, and what tests/root_program.rs keeps well
     /// inside the budget. It swaps libbpf's process-wide print callback while it loads: not for
     /// a process that loads other programs at the same time.
-    pub fn verifier_steps() -> Result<u64> {
+    pub fn verifier_steps() -> Result<VerifierStats> {
         static LOG: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
         fn keep(_: libbpf_rs::PrintLevel, line: String) {
             if let Ok(mut log) = LOG.lock() {
@@ -275,7 +286,13 @@ impl Dataplane {
             .skip(1)
             .find_map(|rest| rest.split(' ').next()?.parse::<u64>().ok())
             .with_context(|| format!("no verifier statistics in libbpf's log: {log}"))?;
-        Ok(steps)
+        // `stack depth 336+88+...`: the program's own frame, then each function's it calls.
+        let stack = log
+            .split("stack depth ")
+            .nth(1)
+            .map(|rest| rest.split(|c: char| !c.is_ascii_digit() && c != '+').next().unwrap_or("").split('+').filter_map(|n| n.parse().ok()).collect())
+            .unwrap_or_default();
+        Ok(VerifierStats { steps, stack })
     }
 
     /// How large this plane's tables are, as loaded.
