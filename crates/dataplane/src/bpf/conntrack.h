@@ -121,17 +121,20 @@ static __always_inline __u32 adopt_hop(const struct lb_service *svc, __u32 hash)
  * the half-open table: tracked() then makes the flow young, so that its next packets take the
  * whole path and promote and confirm it even on a stable slot. */
 #define LB_CT_ADOPTING 0x80000000u
+/* Set in what ct_choose() returns when the packet promoted its flow from the half-open table
+ * (its second packet, with ct_guard): tracked() then has the no_data signal watch the flow's end
+ * (ct_quiet_note()). */
+#define LB_CT_PROMOTED 0x40000000u
 
 /* A flow with no established entry but a half-open record `pe` (word `w`, at `at`): a SYN sent
  * again goes where the first went; the flow's next packet makes it established, if its buckets
  * have room it may take, or is followed through the record; an RST shortens the record's life.
- * A record whose backend is gone or down is re-picked first. `ack`: the acknowledgment number
- * of a TCP packet with ACK and without FIN (else 0), which the promotion hands to the no_data signal
- * (conntrack_map.h, ct_quiet), with the flow hash `hash`. Part of ct_choose(). */
+ * A record whose backend is gone or down is re-picked first. A promotion returns the backend
+ * with LB_CT_PROMOTED. Part of ct_choose(). */
 static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at, __u64 tag, __u32 slot, __u32 slots,
-					   __u32 now, __u32 timeout, __u32 pflags, int syn, int rst, __u32 hash, __u32 ack)
+					   __u32 now, __u32 timeout, __u32 pflags, int syn, int rst)
 {
-	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen;
+	__u32 mask = lb_settings.ct_mask, pmask = lb_settings.ct_pending_mask, id, *gen, promoted = 0;
 	struct flow_word f;
 
 	f = flow_unpack(w);
@@ -168,8 +171,9 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
 				count(LB_CT_EVICTED, 0);
 			count(LB_CT_NEW, 0);
 			flow_end(pe, tag);
-			/* Normally the handshake's ACK: the no_data signal watches how the flow ends. */
-			quiet_note(hash, ack, f.backend, f.gen);
+			/* Normally the handshake's ACK: tracked() has the no_data signal watch how
+			 * the flow ends. */
+			promoted = LB_CT_PROMOTED;
 		} else {
 			/* Followed through its half-open record, which is kept
 			 * fresh as a tracked flow's entry is (and cleared of a reset):
@@ -195,7 +199,7 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
 	}
 	if (!stale)
 		count(LB_CT_HIT, 0);
-	return f.backend;
+	return f.backend | promoted;
 }
 
 /* Connection tracking, for a flow with keyed tag `tag` and flow hash `hash` of a service whose
@@ -217,9 +221,10 @@ static __always_inline __u32 ct_half_open(struct lb_flow *pe, __u64 w, __u32 at,
  * is an entry silent for ct_syn_idle() when a pure SYN comes: a new connection on the same
  * ports; on an active entry a SYN follows it. With ct_guard
  * off, a first packet goes straight into `flows`, in place of the flow seen longest ago. `tag`
- * is the flow's keyed tag (flow_tag16/flow_tag40); `ack` a TCP packet's acknowledgment number,
- * as its bytes (the no_data signal's, at a promotion). */
-__noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags, __u32 ack)
+ * is the flow's keyed tag (flow_tag16/flow_tag40). With LB_CT_PROMOTED set in what it returns
+ * (above any backend id), the packet moved its flow from the half-open table to the flow table:
+ * normally the handshake's ACK. */
+__noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags)
 {
 	__u8 proto = proto_flags, tcp_flags = proto_flags >> 8;
 	__u32 now = ct_now(), timeout = ct_timeout_ticks(proto);
@@ -274,8 +279,7 @@ __noinline __u32 ct_choose(__u64 tag, __u32 hash, __u64 table, __u32 proto_flags
 	if (lb_settings.ct_guard) {
 		pe = flow_find(&flow_pending, pmask, 1, tag, &w, &at);
 		if (pe)
-			return ct_half_open(pe, w, at, tag, slot, slots, now, timeout, pflags, syn, rst, hash,
-					    proto == IPPROTO_TCP && (tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_FIN)) == TCP_FLAG_ACK ? ack : 0);
+			return ct_half_open(pe, w, at, tag, slot, slots, now, timeout, pflags, syn, rst);
 		id = pick_slot(slots, slot);
 		if (id == 0)
 			return 0;
@@ -430,27 +434,16 @@ static __always_inline __u32 ct_peek(struct pkt *p, const struct lb_service *svc
 	return pick(svc, p->hash);
 }
 
-/* ct_choose() for a packet of `svc` whose flow hash is p->hash and keyed tag `tag`: the
- * backend id, or 0. A packet in mid-connection may be adopted to the slot's first hop only
- * where the slot is unstable: a stable slot's flows all go where the table says. A flow the
- * packet adopted is made young (ct_young): a sampled packet that found no entry (its half-open
- * record pushed out by a SYN flood, say) is followed at once by one that promotes it. */
-static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags, __u32 ack)
+/* Has the no_data signal watch the end of the flow of hash `hash`, promoted to `id`, whose
+ * handshake's ACK acknowledges `ack` (as the packet's bytes; 0: nothing to watch), with the
+ * id's generation now. A global function, verified once for both families. Returns 0. */
+__noinline int ct_quiet_note(__u32 hash, __u32 ack, __u32 id)
 {
-	__u32 hop = 0, id, word = svc->slots ? slot_word(svc->base + p->hash % svc->slots) : 0;
+	__u32 *gen = bpf_map_lookup_elem(&backend_gen, &id);
 
-	/* An RST on a stable slot goes where the flow's earlier packets went, by its entry if it
-	 * has one (a young flow's packets, and a sample, take the whole path there and may follow
-	 * an entry), and leaves the entry alone: a spoofed RST must not shorten the life of an
-	 * entry whose flow's later packets go by the table and would never clear the reset. */
-	if (proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST) && !lb_settings.stable_off && !(word & LB_SLOT_UNSTABLE) && (word & LB_SLOT_ID_MASK))
-		return ct_peek(p, svc, tag, proto, 1);
-	if (!(tcp_flags & TCP_FLAG_SYN) && (word & LB_SLOT_UNSTABLE))
-		hop = adopt_hop(svc, p->hash);
-	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16, ack);
-	if (id & LB_CT_ADOPTING)
-		young_from_now(p->hash);
-	return id & ~LB_CT_ADOPTING;
+	if (gen)
+		quiet_note(hash, ack, id, *gen);
+	return 0;
 }
 
 /* A tracked service's client FIN or RST with ACK, of flow hash `hash`, acknowledging `ack` (as
@@ -478,6 +471,32 @@ __noinline int ct_quiet_end(__u32 hash, __u32 ack)
 	if (gen && (*gen & 0xff) == ((w >> 16) & 0xff))
 		add_signal(id, LB_SIGNAL_NO_DATA);
 	return 0;
+}
+
+/* ct_choose() for a packet of `svc` whose flow hash is p->hash and keyed tag `tag`: the
+ * backend id, or 0. A packet in mid-connection may be adopted to the slot's first hop only
+ * where the slot is unstable: a stable slot's flows all go where the table says. A flow the
+ * packet adopted is made young (ct_young): a sampled packet that found no entry (its half-open
+ * record pushed out by a SYN flood, say) is followed at once by one that promotes it. */
+static __always_inline __u32 tracked(struct pkt *p, const struct lb_service *svc, __u64 tag, __u8 proto, __u8 tcp_flags, __u32 ack)
+{
+	__u32 hop = 0, id, word = svc->slots ? slot_word(svc->base + p->hash % svc->slots) : 0;
+
+	/* An RST on a stable slot goes where the flow's earlier packets went, by its entry if it
+	 * has one (a young flow's packets, and a sample, take the whole path there and may follow
+	 * an entry), and leaves the entry alone: a spoofed RST must not shorten the life of an
+	 * entry whose flow's later packets go by the table and would never clear the reset. */
+	if (proto == IPPROTO_TCP && (tcp_flags & TCP_FLAG_RST) && !lb_settings.stable_off && !(word & LB_SLOT_UNSTABLE) && (word & LB_SLOT_ID_MASK))
+		return ct_peek(p, svc, tag, proto, 1);
+	if (!(tcp_flags & TCP_FLAG_SYN) && (word & LB_SLOT_UNSTABLE))
+		hop = adopt_hop(svc, p->hash);
+	id = ct_choose(tag, p->hash, (__u64)svc->base << 32 | svc->slots, proto | (__u32)tcp_flags << 8 | hop << 16);
+	if (id & LB_CT_ADOPTING)
+		young_from_now(p->hash);
+	/* A TCP handshake's ACK (not a FIN or an RST: no handshake to watch) made the flow's entry. */
+	if ((id & LB_CT_PROMOTED) && (tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_FIN | TCP_FLAG_RST)) == TCP_FLAG_ACK)
+		ct_quiet_note(p->hash, ack, id & LB_SLOT_ID_MASK);
+	return id & ~(LB_CT_ADOPTING | LB_CT_PROMOTED);
 }
 
 /* An ICMP error about a service's flow (p->hash already the flow's hash for the table, tag its
