@@ -20,8 +20,10 @@ fn root_the_program_stays_well_inside_the_verifiers_budget() {
     common::require_root();
     let stats = lb::dataplane::Dataplane::verifier_steps().expect("load with the verifier's statistics");
     let steps = stats.steps;
-    // Every function lb_xdp calls is called from its own frame: a chain is the program's frame
-    // and one function's.
+    // The chain through the largest frame a function lb_xdp calls (ct_choose's). QUIC-LB's
+    // decode nests three smaller ones (quic_route, its decryption, an AES block), which this
+    // does not add up; the kernel checks every chain when the program loads, as every root test
+    // does.
     let chain = stats.stack.first().copied().unwrap_or(0) + stats.stack.iter().skip(1).copied().max().unwrap_or(0);
     println!("the verifier processed {steps} instructions (budget 1,000,000; this test's ceiling {CEILING}); stack {:?}: {chain} bytes in the deepest chain (limit 512; ceiling {STACK_CEILING})", stats.stack);
     assert!(stats.stack.len() >= 2 && chain > 64, "{:?}: no stack depths in the verifier's statistics", stats.stack);

@@ -30,6 +30,26 @@ pub(super) const TICK: Duration = Duration::from_secs(1);
 /// Probes through the VIP of suspects running at once, at most.
 const WORKERS: usize = 4;
 
+/// How long a suspect that passed is not one again, the first time; each time it stands out
+/// again as soon as that is over and passes again, twice as long, up to [`MAX_HOLD`]. (A
+/// backend whose clients' connections end without data, probed by a TCP connect that it
+/// passes, would otherwise be a suspect again every few seconds.)
+const HOLD: Duration = Duration::from_secs(5);
+const MAX_HOLD: Duration = Duration::from_secs(300);
+
+/// A suspect cleared: when, and for how long it is not one again.
+#[derive(Debug, Clone, Copy)]
+struct Dismissal {
+    at: Instant,
+    hold: Duration,
+}
+
+/// The hold of a suspect cleared now, after `previous` (its last, if it has not stopped standing
+/// out since).
+fn next_hold(previous: Option<&Dismissal>) -> Duration {
+    previous.map_or(HOLD, |d| (d.hold * 2).min(MAX_HOLD))
+}
+
 /// A backend whose signals stood out.
 #[derive(Debug, Clone)]
 struct Suspect {
@@ -56,7 +76,7 @@ struct Control {
 pub(super) struct Kept {
     window: Window<Key>,
     suspects: HashMap<Key, Suspect>,
-    dismissed: HashMap<Key, Instant>,
+    dismissed: HashMap<Key, Dismissal>,
 }
 
 pub(super) struct Outliers {
@@ -64,8 +84,8 @@ pub(super) struct Outliers {
     prober: Prober<Result<(), Failure>>,
     suspects: HashMap<Key, Suspect>,
     controls: HashMap<String, Control>,
-    /// Suspects cleared, and when: not suspects again for a window's length.
-    dismissed: HashMap<Key, Instant>,
+    /// Suspects cleared: not suspects again until their hold is over.
+    dismissed: HashMap<Key, Dismissal>,
     next_tick: Instant,
     /// A suspect was made or cleared since [`Outliers::take_suspects_changed`] last said so.
     suspects_changed: bool,
@@ -206,14 +226,21 @@ impl Outliers {
                 judged.push((key.clone(), self.window.growth(&key)));
             }
             let growth: Vec<Signals> = judged.iter().map(|j| j.1).collect();
-            for i in signals::outliers(&growth) {
-                let best = signals::best_of_peers(&growth, i).map(|b| b.unwrap_or(0.0));
+            let outliers = signals::outliers(&growth);
+            // A backend that no longer stands out once its hold is over starts afresh.
+            for (i, (key, _)) in judged.iter().enumerate() {
+                if !outliers.contains(&i) && self.dismissed.get(key).is_some_and(|d| d.at.elapsed() >= d.hold) {
+                    self.dismissed.remove(key);
+                }
+            }
+            for i in outliers {
+                let best = signals::best_of_peers(&growth, i).map(|b| b.map_or("n/a".to_string(), |v| format!("{v:.2}")));
                 let (key, g) = &judged[i];
-                if self.suspects.contains_key(key) || self.dismissed.get(key).is_some_and(|t| t.elapsed() < TICK * signals::WINDOW as u32) {
+                if self.suspects.contains_key(key) || self.dismissed.get(key).is_some_and(|d| d.at.elapsed() < d.hold) {
                     continue;
                 }
                 log(format!(
-                    "signals: {} backend {} stands out: {} SYNs sent again, {} early resets and {} ends without data for {} connections ({} handshakes watched) in {} s (its peers' best: {:.2} failed handshakes a connection, {:.2} ends without data a handshake); probing it through the VIP",
+                    "signals: {} backend {} stands out: {} SYNs sent again, {} early resets and {} ends without data for {} connections ({} handshakes watched) in {} s (its peers' best: {} failed handshakes a connection, {} ends without data a handshake); probing it through the VIP",
                     s.name,
                     label_of(pool, &key.0, &key.1),
                     g.syn_again,
@@ -222,8 +249,8 @@ impl Outliers {
                     g.syns,
                     g.handshakes,
                     signals::WINDOW,
-                    best[0],
-                    best[1]
+                    &best[0],
+                    &best[1]
                 ));
                 self.suspects_changed = true;
                 self.suspects.insert(key.clone(), Suspect { next_probe: Instant::now(), successes: 0, failures: 0, out: false, said_held: false, said_unsent: false });
@@ -303,10 +330,11 @@ impl Outliers {
                         let was_out = x.out;
                         self.suspects.remove(&key);
                         self.suspects_changed = true;
-                        self.dismissed.insert(key.clone(), Instant::now());
+                        let hold = next_hold(self.dismissed.get(&key));
+                        self.dismissed.insert(key.clone(), Dismissal { at: Instant::now(), hold });
                         changed |= was_out;
                         let then = if was_out { "back" } else { "no longer a suspect" };
-                        log(format!("signals: {} backend {label} passes {} probes through the VIP in a row: {then}", key.0, check.rise));
+                        log(format!("signals: {} backend {label} passes {} probes through the VIP in a row: {then} (not a suspect again for {} s)", key.0, check.rise, hold.as_secs()));
                     }
                 }
             }
@@ -345,5 +373,22 @@ impl Outliers {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suspect_that_keeps_standing_out_and_passing_is_held_twice_as_long_each_time() {
+        let mut last: Option<Dismissal> = None;
+        let mut holds = Vec::new();
+        for _ in 0..9 {
+            let hold = next_hold(last.as_ref());
+            holds.push(hold.as_secs());
+            last = Some(Dismissal { at: Instant::now(), hold });
+        }
+        assert_eq!(holds, vec![5, 10, 20, 40, 80, 160, 300, 300, 300]);
     }
 }

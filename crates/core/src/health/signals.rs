@@ -4,11 +4,12 @@
 //! attach` reads the counters once a second and feeds them here.
 //!
 //! The rule (docs/operating.md, "Signals from real traffic"): over the last [`WINDOW`] readings,
-//! a backend has two *bad shares*, each per connection it was sent: its failed handshakes (SYNs
-//! sent again plus its clients' early resets) and its ends without data. A backend with at least
-//! [`MIN_SYNS`] connections is an outlier when either share is at least [`MIN_BAD`] and more than
-//! [`FACTOR`] times the lowest of the same share among its service's other backends (those with
-//! enough connections to judge) plus [`MARGIN`]: it is compared with the best of its peers, so
+//! a backend has two *bad shares*: its failed handshakes (SYNs sent again plus its clients' early
+//! resets) per connection begun, and its ends without data per handshake watched. A share is
+//! judged with at least [`MIN_SYNS`] of its denominator in the window; a backend is an outlier
+//! when either share is at least [`MIN_BAD`] and more than [`FACTOR`] times the lowest of the
+//! same share among its service's other backends (those with enough to judge it) plus
+//! [`MARGIN`]: it is compared with the best of its peers, so
 //! that several bad backends do not hide each other, and each share with its own kind, so that
 //! what every backend has of one (clients that close unread) does not hide the other. Loss on the clients'
 //! side raises every backend's share alike and so makes no outlier; a backend alone, or one whose
@@ -67,7 +68,8 @@ impl Signals {
 
 /// Readings in the window: the rule looks at the growth over the last this many (one a second).
 pub const WINDOW: usize = 5;
-/// Connections a backend must have begun in the window for its share to count.
+/// Connections a backend must have begun in the window for its failed-handshake share to count
+/// (handshakes watched, for its share of ends without data).
 pub const MIN_SYNS: u64 = 30;
 /// The bad share below which no backend is an outlier, whatever its peers.
 pub const MIN_BAD: f64 = 0.5;

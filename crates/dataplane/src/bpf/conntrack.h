@@ -457,7 +457,8 @@ __noinline int ct_quiet_end(__u32 hash, __u32 ack)
 	__u32 id, *gen;
 	__u64 *cell, w;
 
-	if (ack == 0)
+	/* Without the guard no cell is ever written. */
+	if (ack == 0 || !lb_settings.ct_guard)
 		return 0;
 	cell = quiet_cell(hash, ack);
 	if (!cell)

@@ -77,9 +77,10 @@ enum lb_signal {
  * no_data counted (ct_quiet_end(), conntrack.h). Sampling, not tracking: another handshake
  * landing on the cell before the flow ends takes it, and that flow is not judged; with 2^18
  * cells, a flow lives through about 2^18 other handshakes (at 10,000 new connections a second,
- * 26 s), and a lost sample is as likely on every backend. A FIN sent on another tuple matches
- * only by a 1-in-2^40 guess, on the flow's own tuple by a 1-in-2^32 guess of the backend's
- * random ISN, so nobody can count or clear a connection's cell without seeing its packets; what
+ * 26 s), and a lost sample is as likely on every backend. A FIN matches a connection's cell
+ * only with the backend's 32-bit random ISN (the flow hash is public: a spoofer who knows the
+ * connection's tuple can find another tuple with the same cell and hash bits), so nobody can
+ * count or clear a connection's cell without seeing its packets but by a 1-in-2^32 guess; what
  * anybody can do is make handshakes of their own (docs/security.md). 2 MiB, shared by all CPUs
  * (a flow's FIN may come on another CPU than its ACK), never pinned. */
 #define LB_CT_QUIET (1u << 18)
