@@ -126,6 +126,8 @@ EOF
     # A stopped backend: its probes fail until it is down.
     topo_server_stop "$PREFIX" 2
     wait_log "web backend b2 10.99.0.12 is down" 1
+    # The decision is logged before the tables are written: new connections avoid b2 from then.
+    wait_log "web changed (b2 active -> down" 1
     # More traffic after all that, and time for Prometheus to scrape it.
     probe "$WORK/tcp2" --vip 10.99.0.100 --port 80 --sources "$TOPO_CLIENTS4" --first-port 21000 --count 20 || fail "TCP to web after b2 stopped"
     sleep 3

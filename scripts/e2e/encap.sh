@@ -122,6 +122,8 @@ test_encap_health_check_takes_a_stopped_backend_out() { # MODE
     start_lb "$1"
     topo_server_stop "$PREFIX" 2
     wait_log "web backend b2 10.97.2.2 is down" 1
+    # The decision is logged before the tables are written: new connections avoid b2 from then.
+    wait_log "web changed (b2 active -> down" 1
     probe "$WORK/flows" --vip 10.99.0.100 --port 80 --sources "$TOPO_RCLIENTS4" --count 100 || fail "connections while b2 is down"
     if grep -q " b2$" "$WORK/flows"; then fail "a flow reached the stopped b2"; fi
     say "gue: the stopped backend was taken out by its health check; 500 connections went to the others"
